@@ -1,0 +1,202 @@
+"""Budgets, allocations and selection: pure functions with exact integer totals.
+
+Terms (DESIGN.md, "Budget"):
+
+* ``n``    — context length in tokens (after any middle truncation).
+* ``prot`` — protected prefix (chat header + instruction tokens, at most 256), kept by every method on
+  top of the budget; eviction only chooses among the ``m = n - prot`` body positions.
+* ``k``    — flat per-(layer, head) budget ``round(p * m)`` (round half up, computed exactly in decimal).
+* ``B``    — model-wide budget ``L_attn * H_kv * k`` entries.
+
+An *allocation* turns ``k`` into per-attention-layer counts ``K_l`` (each KV head of layer ``l`` keeps
+``K_l`` body entries) with ``sum_l K_l * H_kv == B`` exactly. ``global`` is the exception: it selects
+the top ``B`` (layer, head, token) scores directly, so counts may differ per head.
+
+Kept index sets are returned as ``kept[f][h]``: a sorted 1-D ``LongTensor`` of context positions for
+attention-layer ordinal ``f`` and KV head ``h`` (protected positions included).
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Sequence
+
+import torch
+
+from kvbench.errors import KvbenchError
+
+PROTECTED_CAP = 256
+ALL_P: tuple[float, ...] = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+ALLOCATIONS: tuple[str, ...] = ("flat", "pyramid", "gate", "global")
+PYRAMID_BETA = 20
+PYRAMID_MIN = 4
+
+Kept = list[list[torch.Tensor]]
+
+
+def validate_p(p: float) -> float:
+    """Return ``p`` as a float if it is a kept fraction in (0, 1]; raise otherwise."""
+    try:
+        value = float(p)
+    except (TypeError, ValueError):
+        raise KvbenchError(f"kept fraction p={p!r} is not a number; use a value in (0, 1], e.g. 0.1") from None
+    if not (0.0 < value <= 1.0) or math.isnan(value):
+        raise KvbenchError(f"kept fraction p={p} is outside (0, 1]; use e.g. --p 0.5 or --p all")
+    return value
+
+
+def protected_length(prefix_tokens: int, n: int, cap: int = PROTECTED_CAP) -> int:
+    """Tokens protected from eviction: the instruction prefix, at most ``cap`` and at most ``n``."""
+    return max(0, min(prefix_tokens, cap, n))
+
+
+def per_head_budget(n: int, prot: int, p: float) -> int:
+    """Flat per-(layer, head) budget ``round(p * (n - prot))``, rounding half up exactly.
+
+    ``p`` is read through its shortest decimal repr, so ``0.1 * 4075`` is 407.5 -> 408, not a float
+    artefact.
+    """
+    validate_p(p)
+    m = n - prot
+    if m < 0:
+        raise ValueError(f"protected prefix {prot} exceeds context length {n}")
+    return int((Decimal(repr(float(p))) * m).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def total_budget(n: int, prot: int, p: float, n_layers: int, n_kv_heads: int) -> int:
+    """Model-wide budget ``B = L_attn * H_kv * round(p * (n - prot))`` in entries."""
+    return n_layers * n_kv_heads * per_head_budget(n, prot, p)
+
+
+def apportion(weights: Sequence[float], total: int, lo: int, hi: int) -> list[int]:
+    """Integer counts proportional to ``weights`` with ``lo <= c_i <= hi`` and ``sum(c) == total``.
+
+    Layers whose proportional share falls outside ``[lo, hi]`` are pinned to the bound and the rest is
+    re-shared among the others (water filling); the free layers are then integerised by largest
+    remainder (ties go to the lower index).
+    """
+    L = len(weights)
+    if L == 0:
+        raise ValueError("no layers to allocate")
+    if any(w < 0 or math.isnan(w) for w in weights):
+        raise ValueError(f"allocation weights must be non-negative, got {list(weights)}")
+    if not (L * lo <= total <= L * hi):
+        raise ValueError(f"cannot place {total} entries in {L} layers with bounds [{lo}, {hi}]")
+    counts: list[int | None] = [None] * L
+    while True:
+        free = [i for i in range(L) if counts[i] is None]
+        remaining = total - sum(c for c in counts if c is not None)
+        wsum = sum(weights[i] for i in free)
+        share = {i: (remaining * weights[i] / wsum if wsum > 0 else remaining / len(free)) for i in free}
+        low = [i for i in free if share[i] < lo]
+        high = [i for i in free if share[i] > hi]
+        if not low and not high:
+            break
+        # Pin the side whose violation is largest first; pinning both at once can overshoot.
+        if sum(lo - share[i] for i in low) >= sum(share[i] - hi for i in high):
+            for i in low:
+                counts[i] = lo
+        else:
+            for i in high:
+                counts[i] = hi
+    floors = {i: math.floor(share[i]) for i in free}
+    left = remaining - sum(floors.values())
+    order = sorted(free, key=lambda i: (-(share[i] - floors[i]), i))
+    for i in order[:left]:
+        floors[i] += 1
+    for i in free:
+        counts[i] = floors[i]
+    result = [int(c) for c in counts]  # type: ignore[arg-type]
+    assert sum(result) == total and all(lo <= c <= hi for c in result), (result, total, lo, hi)
+    return result
+
+
+def flat(k: int, n_layers: int) -> list[int]:
+    """Every attention layer keeps ``k`` entries per KV head."""
+    return [k] * n_layers
+
+
+def pyramid(k: int, n_layers: int, capacity: int, beta: float = PYRAMID_BETA, floor: int = PYRAMID_MIN) -> list[int]:
+    """PyramidKV: linearly decreasing budgets over the attention-layer ordinal ``f``.
+
+    ``k_min = k / beta``, ``k_max = 2k - k_min``, ``k_f = k_max - f (k_max - k_min) / (L - 1)``; the
+    arithmetic series sums to ``L * k``. Integerised by largest remainder; no layer below
+    ``min(floor, k)`` nor above ``capacity`` (the body length), the excess re-shared.
+    """
+    if n_layers == 1:
+        return [k]
+    k_min = k / beta
+    k_max = 2 * k - k_min
+    raw = [k_max - f * (k_max - k_min) / (n_layers - 1) for f in range(n_layers)]
+    return apportion(raw, n_layers * k, lo=min(floor, k), hi=capacity)
+
+
+def gate(k: int, gate_means: Sequence[float], capacity: int) -> list[int]:
+    """GateSight: ``K_l`` proportional to the mean attention output gate ``w_l`` of layer ``l``.
+
+    Largest remainder so that ``sum K_l == L * k`` (i.e. the total is exactly ``B``); no layer above
+    ``capacity``.
+    """
+    return apportion(list(gate_means), len(gate_means) * k, lo=0, hi=capacity)
+
+
+def layer_counts(allocation: str, k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+    """Per-layer per-head counts for ``flat``, ``pyramid`` or ``gate`` (``global`` has none)."""
+    if allocation == "flat":
+        return flat(k, n_layers)
+    if allocation == "pyramid":
+        return pyramid(k, n_layers, capacity)
+    if allocation == "gate":
+        if gate_means is None or len(gate_means) != n_layers:
+            raise KvbenchError("the gate allocation needs one gate mean per attention layer")
+        return gate(k, gate_means, capacity)
+    if allocation == "global":
+        raise ValueError("the global allocation has no per-layer counts; use select_global")
+    raise KvbenchError(f"unknown allocation {allocation!r}; valid allocations: {', '.join(ALLOCATIONS)}")
+
+
+def _with_protected(body_idx: torch.Tensor, prot: int) -> torch.Tensor:
+    """Body indices (relative to ``prot``) -> sorted absolute positions with ``0..prot-1`` prepended."""
+    absolute = torch.sort(body_idx + prot).values
+    return torch.cat([torch.arange(prot, dtype=torch.long, device=absolute.device), absolute])
+
+
+def select_per_head(scores: Sequence[torch.Tensor], counts: Sequence[int], prot: int) -> Kept:
+    """Per layer and KV head, keep the protected prefix plus the top ``counts[f]`` body scores.
+
+    scores[f]: ``[H_kv, n]`` (higher = keep); positions ``< prot`` are ignored.
+    """
+    kept: Kept = []
+    for s, c in zip(scores, counts, strict=True):
+        body = s[:, prot:].float()
+        if c > body.shape[1]:
+            raise ValueError(f"budget {c} exceeds the {body.shape[1]} body entries")
+        idx = torch.topk(body, c, dim=1, sorted=False).indices if c > 0 else body.new_zeros((body.shape[0], 0), dtype=torch.long)
+        kept.append([_with_protected(idx[h], prot) for h in range(body.shape[0])])
+    return kept
+
+
+def select_global(scores: Sequence[torch.Tensor], total: int, prot: int) -> Kept:
+    """KVzip-style: one top-``total`` over every (layer, head, body token) score; counts may differ.
+
+    scores[f]: ``[H_kv, n]`` on a common scale across layers.
+    """
+    bodies = [s[:, prot:].float() for s in scores]
+    flat_scores = torch.cat([b.reshape(-1) for b in bodies])
+    if total > flat_scores.numel():
+        raise ValueError(f"budget {total} exceeds the {flat_scores.numel()} body entries")
+    chosen = torch.zeros(flat_scores.numel(), dtype=torch.bool, device=flat_scores.device)
+    chosen[torch.topk(flat_scores, total, sorted=False).indices] = True
+    kept: Kept = []
+    offset = 0
+    for b in bodies:
+        mask = chosen[offset : offset + b.numel()].view(b.shape)
+        offset += b.numel()
+        kept.append([_with_protected(mask[h].nonzero().squeeze(1), prot) for h in range(b.shape[0])])
+    return kept
+
+
+def keep_all(n: int, n_layers: int, n_kv_heads: int) -> Kept:
+    """Every position for every layer and head (the ``full`` method's child)."""
+    return [[torch.arange(n, dtype=torch.long) for _ in range(n_kv_heads)] for _ in range(n_layers)]

@@ -1,0 +1,166 @@
+"""``kvbench`` command line: run, list, report.
+
+User errors (:class:`~kvbench.errors.KvbenchError`) print one clear message and exit with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from kvbench.errors import KvbenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _split(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return items or None
+
+
+def parse_ps(text: str) -> list[float]:
+    """``"all"`` -> the nine fractions 0.9 … 0.1; otherwise a comma list of floats in (0, 1]."""
+    from kvbench.budgets import ALL_P, validate_p
+
+    if text.strip() == "all":
+        return list(ALL_P)
+    return [validate_p(p) for p in _split(text) or []] or list(ALL_P)
+
+
+@app.command()
+def run(
+    method: str = typer.Option("full,random", "--method", "-m", help="Method name(s), comma separated."),
+    bench: str = typer.Option("needle", "--bench", "-b", help="Benchmark name."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name(s), comma separated (default: all)."),
+    p: str = typer.Option("all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."),
+    allocation: Optional[str] = typer.Option(
+        None, "--allocation", "-a", help="flat|pyramid|gate|global, comma separated (default: each method's own)."
+    ),
+    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    engine: str = typer.Option("torch", "--engine", help="Inference engine."),
+    limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
+    length: int = typer.Option(4096, "--length", help="Target prompt length in tokens for generated benches."),
+    seed: int = typer.Option(42, "--seed", help="Data and method seed."),
+    out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
+    shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
+    device: str = typer.Option("cpu", "--device", help="torch device (cpu, cuda, cuda:1, …)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32|bfloat16|float16 (default: fp32 on CPU, bf16 on GPU)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+) -> None:
+    """Prefill each context once, score with every method, fork at every p, answer every question."""
+    from kvbench.runner import RunConfig, parse_shard
+    from kvbench.runner import run as run_config
+
+    config = RunConfig(
+        methods=_split(method) or [],
+        bench=bench,
+        tasks=_split(task),
+        ps=parse_ps(p),
+        allocations=_split(allocation),
+        model=model,
+        engine=engine,
+        limit=limit,
+        length=length,
+        seed=seed,
+        out=out,
+        shard=parse_shard(shard),
+        device=device,
+        dtype=dtype,
+        threads=threads,
+    )
+    summary = run_config(config, console=err_console)
+    err_console.print(
+        f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
+        f"{summary.contexts} contexts -> {out / 'results.jsonl'}"
+    )
+
+
+class ListWhat(str, Enum):
+    methods = "methods"
+    benches = "benches"
+    models = "models"
+    allocations = "allocations"
+
+
+@app.command("list")
+def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models | allocations")) -> None:
+    """List what can be named on the command line."""
+    if what is ListWhat.methods:
+        from kvbench.methods import list_methods, method_class
+
+        for name in list_methods():
+            cls = method_class(name)
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}")
+    elif what is ListWhat.benches:
+        from kvbench.tasks import get_bench, list_benches
+
+        for name in list_benches():
+            b = get_bench(name)
+            console.print(f"{name:14} tasks: {', '.join(b.tasks())}  {b.description}")
+    elif what is ListWhat.models:
+        from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL
+
+        for name, spec in BUILTIN_MODELS.items():
+            default = " (default)" if name == DEFAULT_MODEL else ""
+            console.print(f"{name:22} {spec.description}{default}")
+        console.print("or a local model directory / hub id of type qwen3_next, qwen3_5 or qwen3_5_text")
+    else:
+        from kvbench.budgets import ALLOCATIONS
+
+        for name in ALLOCATIONS:
+            console.print(name)
+
+
+@app.command()
+def report(
+    results: Path = typer.Option(Path("results/default"), "--results", "-r", help="Results directory of a run."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Markdown file (default: <results>/report.md)."),
+) -> None:
+    """Per-task table (method × p, mean primary score) printed and written as markdown."""
+    from kvbench.report import render_rich, write_report
+    from kvbench.results import ResultsStore
+
+    if not (results / "results.jsonl").exists():
+        raise KvbenchError(f"no results in {results}: run `kvbench run --out {results}` first")
+    with ResultsStore(results) as store:
+        if store.recovered:
+            err_console.print(f"[yellow]{store.recovered}[/yellow]")
+        rows = store.rows()
+    for table in render_rich(rows):
+        console.print(table)
+    path = write_report(rows, out or results / "report.md")
+    err_console.print(f"report written to {path}")
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except KvbenchError as exc:
+        err_console.print(f"[bold red]error:[/bold red] {exc}")
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except Exception as exc:  # click usage errors in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Adapters for the HF transformers hybrid families (Qwen3-Next, Qwen3.5 text).
+
+Each family is one :class:`Family` row: which ``model_type`` values it covers, the class names of its
+GDN and attention modules, and the modeling module whose GDN kernels we wrap. During the single prefill
+:class:`Recorder` captures, without changing any computed value:
+
+* GDN signals per GDN layer ``[n, Hv]``: ``beta``, ``g`` (log decay) and ``||v||`` of the value written
+  into the state (after the short conv + SiLU). They are read from the arguments of the module-level
+  kernels ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``, which the GDN forward
+  looks up at call time; a forward pre-hook tells the wrapper which layer is running.
+* the attention output gate per attention layer ``[n, H]``: the second half of ``q_proj``'s output
+  (``[.., H, 2*D]``), ``sigmoid`` and mean over the head dim.
+* post-RoPE queries of the last ``query_window`` positions per attention layer ``[H, W, D]``: recorded
+  by the kvbench attention function from the tensor the layer actually attends with.
+
+If a transformers upgrade moves what is hooked, :meth:`Recorder.check` raises instead of returning
+partial signals.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvbench.errors import ModelError
+
+GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    gdn_class: str
+    attn_class: str
+
+
+FAMILIES = (
+    Family("qwen3_next", ("qwen3_next",), "Qwen3NextGatedDeltaNet", "Qwen3NextAttention"),
+    Family("qwen3_5", ("qwen3_5", "qwen3_5_text"), "Qwen3_5GatedDeltaNet", "Qwen3_5Attention"),
+)
+SUPPORTED_MODEL_TYPES = tuple(t for fam in FAMILIES for t in fam.model_types)
+
+
+def family_of(model: nn.Module) -> Family:
+    model_type = getattr(model.config, "model_type", None)
+    for fam in FAMILIES:
+        if model_type in fam.model_types:
+            return fam
+    raise ModelError(
+        f"model_type {model_type!r} is not a supported hybrid; kvbench supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+    )
+
+
+class HybridAdapter:
+    """Finds a hybrid model's GDN and attention modules and records the prefill signals."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.family = family_of(model)
+        self.gdn: list[nn.Module] = []
+        self.attn: list[nn.Module] = []
+        for module in model.modules():
+            cls = type(module).__name__
+            if cls == self.family.gdn_class:
+                self.gdn.append(module)
+            elif cls == self.family.attn_class:
+                self.attn.append(module)
+        self.gdn.sort(key=lambda m: m.layer_idx)
+        self.attn.sort(key=lambda m: m.layer_idx)
+        if not self.attn or not self.gdn:
+            raise ModelError(
+                f"found {len(self.gdn)} {self.family.gdn_class} and {len(self.attn)} {self.family.attn_class} "
+                "modules; this transformers version does not lay the model out as kvbench expects "
+                "(kvbench is validated on transformers 5.24)"
+            )
+        self.kernel_modules = sorted({type(m).__module__ for m in self.gdn})
+        for mod_name in self.kernel_modules:
+            missing = [k for k in GDN_KERNELS if not hasattr(sys.modules[mod_name], k)]
+            if missing:
+                raise ModelError(f"{mod_name} has no {missing}; the GDN signal capture needs transformers 5.24")
+
+    @property
+    def attn_layer_ids(self) -> list[int]:
+        return [m.layer_idx for m in self.attn]
+
+    @property
+    def gdn_layer_ids(self) -> list[int]:
+        return [m.layer_idx for m in self.gdn]
+
+    def recorder(self, query_window: int) -> Recorder:
+        return Recorder(self, query_window)
+
+
+class Recorder:
+    """Context manager active during one prefill; see the module docstring for what it records."""
+
+    def __init__(self, adapter: HybridAdapter, query_window: int) -> None:
+        self.adapter = adapter
+        self.query_window = query_window
+        gdn_ordinal = {m.layer_idx: i for i, m in enumerate(adapter.gdn)}
+        self._gdn_ordinal = gdn_ordinal
+        self.beta: list[list[torch.Tensor]] = [[] for _ in adapter.gdn]
+        self.g: list[list[torch.Tensor]] = [[] for _ in adapter.gdn]
+        self.vnorm: list[list[torch.Tensor]] = [[] for _ in adapter.gdn]
+        self.gate: list[list[torch.Tensor]] = [[] for _ in adapter.attn]
+        self.queries: list[torch.Tensor | None] = [None for _ in adapter.attn]
+        self._current: int | None = None
+        self._handles: list = []
+        self._patched: list = []
+
+    def _wrap(self, kernel):
+        def wrapped(query, key, value, *args, **kwargs):
+            f = self._current
+            if f is None:
+                raise ModelError("a GDN kernel ran outside a GDN module forward; the capture hooks are stale")
+            self.beta[f].append(kwargs["beta"].detach()[0].float())
+            self.g[f].append(kwargs["g"].detach()[0].float())
+            self.vnorm[f].append(value.detach()[0].float().norm(dim=-1))
+            return kernel(query, key, value, *args, **kwargs)
+
+        return wrapped
+
+    def __enter__(self) -> Recorder:
+        for module in self.adapter.gdn:
+            f = self._gdn_ordinal[module.layer_idx]
+            self._handles.append(module.register_forward_pre_hook(lambda mod, args, f=f: setattr(self, "_current", f)))
+        for f, module in enumerate(self.adapter.attn):
+            hd = module.head_dim
+
+            def gate_hook(mod, inputs, out, f=f, hd=hd):
+                T = out.shape[1]
+                gate = out.detach()[0].view(T, -1, 2 * hd)[..., hd:]
+                self.gate[f].append(torch.sigmoid(gate.float()).mean(-1))
+
+            self._handles.append(module.q_proj.register_forward_hook(gate_hook))
+            module.kvbench_query_sink = (self, f)
+        for mod_name in self.adapter.kernel_modules:
+            mod = sys.modules[mod_name]
+            for name in GDN_KERNELS:
+                original = getattr(mod, name)
+                setattr(mod, name, self._wrap(original))
+                self._patched.append((mod, name, original))
+        return self
+
+    def record_queries(self, f: int, query: torch.Tensor) -> None:
+        """Called by the attention function with ``query[1, H, T, D]`` (post q_norm and RoPE)."""
+        self.queries[f] = query.detach()[0, :, -self.query_window :].clone() if self.query_window > 0 else None
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for mod, name, original in self._patched:
+            setattr(mod, name, original)
+        for module in self.adapter.attn:
+            module.kvbench_query_sink = None
+        self._handles, self._patched = [], []
+
+    def check(self, n: int) -> None:
+        """Raise unless every GDN and attention layer recorded exactly ``n`` tokens."""
+        for f, chunks in enumerate(self.beta):
+            got = sum(c.shape[0] for c in chunks)
+            if got != n:
+                raise ModelError(
+                    f"GDN layer {self.adapter.gdn[f].layer_idx} recorded {got} of {n} tokens: the kernels kvbench "
+                    "wraps were not called (a kernels/fla override or a transformers change); use transformers 5.24 "
+                    "without the `kernels` package"
+                )
+        for f, chunks in enumerate(self.gate):
+            if sum(c.shape[0] for c in chunks) != n:
+                raise ModelError(f"attention layer {self.adapter.attn[f].layer_idx} did not record its gate")
+
+    @staticmethod
+    def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, 0)
+
+    def result(self) -> dict:
+        return {
+            "beta": [self._cat(c) for c in self.beta],
+            "g": [self._cat(c) for c in self.g],
+            "vnorm": [self._cat(c) for c in self.vnorm],
+            "gate": [self._cat(c) for c in self.gate],
+            "queries": self.queries,
+        }

@@ -1,0 +1,373 @@
+"""The reference engine: HF transformers hybrids in PyTorch (CPU or GPU).
+
+* Attention runs through ``kvbench_sdpa`` (registered with transformers' ``AttentionInterface``): SDPA
+  with a bottom-right causal mask, so every attention layer may hold a different number of cached entries
+  while a multi-token question is fed in one block, plus an optional per-KV-head validity mask for
+  children whose heads keep different counts (padded storage).
+* The parent's cache is never advanced: every answer builds a fresh cache whose attention layers point at
+  the (compacted) K/V tensors and whose GDN layers are deep copies of the end-of-context snapshot, so each
+  question starts from the same state.
+* Decoding is the harness's own greedy loop with explicit position ids continuing from the original
+  context length (``generate()`` would take positions from the pruned cache length).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from kvbench.engines.base import Answer, ChildSession, ForkStats, GdnSignals, ParentSession, context_sha256
+from kvbench.engines.hf_adapters import HybridAdapter
+from kvbench.errors import KvbenchError, ProtocolError
+
+ATTN_IMPL = "kvbench_sdpa"
+
+
+def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA with a bottom-right causal mask and optional per-KV-head key validity.
+
+    query ``[1, H, q, D]``; key/value ``[1, H_kv, kv, D]``. ``module.kvbench_key_mask`` (``[H_kv, S]``
+    bool, True = real entry) masks padding among the first ``S`` cached entries.
+    """
+    sink = getattr(module, "kvbench_query_sink", None)
+    if sink is not None:
+        recorder, f = sink
+        recorder.record_queries(f, query)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    n_rep = query.shape[1] // key.shape[1]
+    key_mask = getattr(module, "kvbench_key_mask", None)
+    mask, is_causal = None, False
+    if key_mask is None:
+        if q_len == kv_len and q_len > 1:
+            is_causal = True
+        elif q_len > 1:
+            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    else:
+        valid = torch.ones(key.shape[1], kv_len, dtype=torch.bool, device=query.device)
+        valid[:, : key_mask.shape[1]] = key_mask
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+        mask = (causal[None] & valid[:, None, :]).repeat_interleave(n_rep, 0)[None]  # [1, H, q, kv]
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPL, kvbench_sdpa)
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class TorchEngine:
+    """Prefills contexts into parent sessions on one HF hybrid model.
+
+    model: a ``qwen3_next`` / ``qwen3_5`` causal LM loaded with ``attn_implementation="kvbench_sdpa"``.
+    """
+
+    name = "torch"
+
+    def __init__(self, model: torch.nn.Module, stop_ids: Sequence[int] = (), decode=None) -> None:
+        if model.config._attn_implementation != ATTN_IMPL:
+            model.set_attn_implementation(ATTN_IMPL)
+        self.model = model.eval()
+        self.adapter = HybridAdapter(model)
+        self.stop_ids = tuple(stop_ids)
+        self.decode = decode or (lambda ids: " ".join(map(str, ids)))
+        text_config = model.config.get_text_config()
+        self.n_heads = text_config.num_attention_heads
+        self.n_kv_heads = text_config.num_key_value_heads
+        self.head_dim = self.adapter.attn[0].head_dim
+        self.max_context = int(text_config.max_position_embeddings)
+        self._sessions: dict[str, TorchParent | TorchChild] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def session(self, session_id: str) -> TorchParent | TorchChild:
+        """Look a live session up by id; unknown or released ids are an error."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ProtocolError(f"unknown session {session_id!r}; it was never created by this engine")
+        session._check_live()
+        return session
+
+    def _new_id(self) -> str:
+        return uuid.uuid4().hex[:12]
+
+    @torch.no_grad()
+    def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> TorchParent:
+        """Prefill ``token_ids`` once into an unpruned parent; ``prot`` leading tokens are protected.
+
+        query_window: how many trailing context positions keep their post-RoPE queries for
+        :meth:`TorchParent.queries`.
+        """
+        token_ids = [int(t) for t in token_ids]
+        n = len(token_ids)
+        if n == 0:
+            raise KvbenchError("empty context: the bench produced no context tokens")
+        if n > self.max_context:
+            raise KvbenchError(
+                f"context of {n} tokens exceeds the model limit of {self.max_context}; middle-truncate it first "
+                "(the runner does this automatically)"
+            )
+        ids = torch.tensor([token_ids], device=self.device)
+        start = time.perf_counter()
+        with self.adapter.recorder(query_window) as rec:
+            out = self.model(
+                input_ids=ids, use_cache=True, logits_to_keep=1, position_ids=torch.arange(n, device=self.device)[None]
+            )
+        seconds = time.perf_counter() - start
+        rec.check(n)
+        parent = TorchParent(self, self._new_id(), token_ids, prot, out.cache, rec.result(), query_window, seconds)
+        self._sessions[parent.session_id] = parent
+        return parent
+
+    @contextmanager
+    def _key_masks(self, masks: Sequence[torch.Tensor | None]) -> Iterator[None]:
+        for module, mask in zip(self.adapter.attn, masks, strict=True):
+            module.kvbench_key_mask = mask
+        try:
+            yield
+        finally:
+            for module in self.adapter.attn:
+                module.kvbench_key_mask = None
+
+    @torch.no_grad()
+    def _answer(
+        self,
+        parent: TorchParent,
+        attn_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        masks: Sequence[torch.Tensor | None],
+        question_ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int] | None,
+        return_logits: bool,
+    ) -> Answer:
+        if len(question_ids) == 0:
+            raise KvbenchError("empty question: nothing to feed after the context")
+        stops = set(self.stop_ids if stop_ids is None else stop_ids)
+        cache = copy.copy(parent.cache)
+        cache.layers = list(parent.cache.layers)
+        for f, layer_idx in enumerate(parent.attn_layer_ids):
+            layer = copy.copy(parent.cache.layers[layer_idx])
+            layer.keys, layer.values = attn_kv[f]
+            cache.layers[layer_idx] = layer
+        for layer_idx in parent.gdn_layer_ids:
+            cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
+        device = self.device
+        pos = parent.n
+        start = time.perf_counter()
+        generated: list[int] = []
+        logits: list[torch.Tensor] = []
+        stopped = False
+        with self._key_masks(masks):
+            q = torch.tensor([list(question_ids)], device=device)
+            out = self.model(
+                input_ids=q,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                position_ids=torch.arange(pos, pos + q.shape[1], device=device)[None],
+            )
+            pos += q.shape[1]
+            for step in range(max_new_tokens):
+                last = out.logits[0, -1]
+                if return_logits:
+                    logits.append(last.float().cpu())
+                token = int(last.argmax())
+                if token in stops:
+                    stopped = True
+                    break
+                generated.append(token)
+                if step == max_new_tokens - 1:
+                    break
+                out = self.model(
+                    input_ids=torch.tensor([[token]], device=device),
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    position_ids=torch.tensor([[pos]], device=device),
+                )
+                pos += 1
+        seconds = time.perf_counter() - start
+        return Answer(
+            token_ids=generated,
+            text=self.decode(generated),
+            stopped=stopped,
+            seconds=seconds,
+            step_logits=torch.stack(logits) if return_logits and logits else None,
+        )
+
+
+class TorchParent(ParentSession):
+    """Unpruned parent: full attention K/V, GDN end-of-context snapshot, signals and gate statistics."""
+
+    def __init__(self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds):
+        super().__init__(session_id)
+        self.engine = engine
+        self.cache = cache
+        self.token_ids = token_ids
+        self.sha256 = context_sha256(token_ids)
+        self.n = len(token_ids)
+        if not 0 <= prot <= self.n:
+            raise KvbenchError(f"protected prefix {prot} is outside [0, {self.n}]")
+        self.prot = prot
+        self.attn_layer_ids = engine.adapter.attn_layer_ids
+        self.gdn_layer_ids = engine.adapter.gdn_layer_ids
+        self.n_heads, self.n_kv_heads, self.head_dim = engine.n_heads, engine.n_kv_heads, engine.head_dim
+        self.prefill_seconds = seconds
+        self._signals = GdnSignals(beta=captured["beta"], g=captured["g"], vnorm=captured["vnorm"])
+        self._gate = captured["gate"]
+        self._queries = captured["queries"]
+        self._query_start = self.n - min(query_window, self.n)
+        self._child: TorchChild | None = None
+
+    def keys(self, f: int) -> torch.Tensor:
+        self._check_live()
+        return self.cache.layers[self.attn_layer_ids[f]].keys[0]
+
+    def values(self, f: int) -> torch.Tensor:
+        self._check_live()
+        return self.cache.layers[self.attn_layer_ids[f]].values[0]
+
+    def queries(self, f: int, positions: Sequence[int]) -> torch.Tensor:
+        """Post-RoPE queries ``[H, P, D]``, recorded in the prefill for the last ``query_window`` positions."""
+        self._check_live()
+        pos = torch.as_tensor(list(positions), dtype=torch.long)
+        if len(pos) and (int(pos.min()) < self._query_start or int(pos.max()) >= self.n):
+            raise KvbenchError(
+                f"queries were kept for positions {self._query_start}..{self.n - 1} only; prefill with a larger "
+                "query_window (a method declares it with its `query_window` attribute)"
+            )
+        return self._queries[f][:, (pos - self._query_start).to(self._queries[f].device)]
+
+    def signals(self) -> GdnSignals:
+        self._check_live()
+        return self._signals
+
+    def gate(self, f: int) -> torch.Tensor:
+        self._check_live()
+        return self._gate[f]
+
+    def _full_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.cache.layers[i].keys, self.cache.layers[i].values) for i in self.attn_layer_ids]
+
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+        self._check_live()
+        _check_sha(self.sha256, context_sha256)
+        masks = [None] * self.n_attn_layers
+        return self.engine._answer(self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits)
+
+    def _validate(self, kept: Sequence[Sequence[torch.Tensor]]) -> None:
+        if len(kept) != self.n_attn_layers:
+            raise KvbenchError(f"kept has {len(kept)} layers, the model has {self.n_attn_layers} attention layers")
+        for f, heads in enumerate(kept):
+            if len(heads) != self.n_kv_heads:
+                raise KvbenchError(f"kept[{f}] has {len(heads)} heads, the model has {self.n_kv_heads} KV heads")
+            for h, idx in enumerate(heads):
+                if idx.dim() != 1 or idx.dtype != torch.long:
+                    raise KvbenchError(f"kept[{f}][{h}] must be a 1-D LongTensor of positions")
+                if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
+                    raise KvbenchError(f"kept[{f}][{h}] has positions outside [0, {self.n})")
+                if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
+                    raise KvbenchError(f"kept[{f}][{h}] must be sorted and free of duplicates")
+
+    @torch.no_grad()
+    def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> TorchChild:
+        self._check_live()
+        if self._child is not None and not self._child.released:
+            raise ProtocolError(
+                f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
+            )
+        self._validate(kept)
+        start = time.perf_counter()
+        device = self.engine.device
+        layers, masks = [], []
+        kept_entries = stored = full = 0
+        padded = False
+        for heads, (keys, values) in zip(kept, self._full_kv()):  # keys/values [1, H_kv, n, D]
+            counts = [len(idx) for idx in heads]
+            width = max(counts)
+            index = torch.zeros(self.n_kv_heads, width, dtype=torch.long, device=device)
+            mask = None
+            if min(counts) != width:
+                padded = True
+                mask = torch.zeros(self.n_kv_heads, width, dtype=torch.bool, device=device)
+            for h, idx in enumerate(heads):
+                index[h, : len(idx)] = idx.to(device)
+                if mask is not None:
+                    mask[h, : len(idx)] = True
+            gather = index[None, :, :, None].expand(1, -1, -1, self.head_dim)
+            child_keys = keys.gather(2, gather)
+            child_values = values.gather(2, gather)
+            if mask is not None:
+                child_keys.masked_fill_(~mask[None, :, :, None], 0)
+                child_values.masked_fill_(~mask[None, :, :, None], 0)
+            layers.append((child_keys, child_values))
+            masks.append(mask)
+            kept_entries += sum(counts)
+            stored += _storage_bytes(child_keys) + _storage_bytes(child_values)
+            full += _storage_bytes(keys) + _storage_bytes(values)
+        stats = ForkStats(
+            kept_entries=kept_entries,
+            full_entries=self.n * self.n_kv_heads * self.n_attn_layers,
+            stored_bytes=stored,
+            full_bytes=full,
+            padded=padded,
+        )
+        child = TorchChild(self, self.engine._new_id(), layers, masks, stats, time.perf_counter() - start)
+        self._child = child
+        self.engine._sessions[child.session_id] = child
+        return child
+
+    def release(self) -> None:
+        if self._released:
+            return
+        if self._child is not None:
+            self._child.release()
+        self._released = True
+        self.cache = None
+        self._signals = self._gate = self._queries = None
+
+
+class TorchChild(ChildSession):
+    """Compacted child: ``layers[f] = (keys, values)`` each ``[1, H_kv, K_f, D]`` (padded when per-head
+    counts differ, with ``masks[f]`` ``[H_kv, K_f]`` marking real entries)."""
+
+    def __init__(self, parent: TorchParent, session_id, layers, masks, stats: ForkStats, fork_seconds: float):
+        super().__init__(session_id)
+        self.parent = parent
+        self.layers = layers
+        self.masks = masks
+        self.stats = stats
+        self.fork_seconds = fork_seconds
+
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+        self._check_live()
+        self.parent._check_live()
+        _check_sha(self.parent.sha256, context_sha256)
+        return self.parent.engine._answer(
+            self.parent, self.layers, self.masks, question_ids, max_new_tokens, stop_ids, return_logits
+        )
+
+    def release(self) -> None:
+        self._released = True
+        self.layers = self.masks = None
+
+
+def _check_sha(expected: str, given: str) -> None:
+    if given != expected:
+        raise ProtocolError(
+            f"context hash mismatch: the session holds context {expected[:12]}…, the question belongs to "
+            f"{str(given)[:12]}…; prefill that context first"
+        )

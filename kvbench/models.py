@@ -1,0 +1,234 @@
+"""Model loading: built-in tiny models, local directories and hub ids, plus the model fingerprint.
+
+Built-in models are built from a seeded config in code, saved once under the kvbench cache
+(``$KVBENCH_CACHE``, default ``~/.cache/kvbench``) and then loaded through the same ``from_pretrained``
+path as any local directory. Until a trained tiny model ships, the default is ``tiny-random``: random
+weights, labelled as such in every row and report (its scores say nothing about the methods).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
+from kvbench.engines.torch_engine import ATTN_IMPL
+from kvbench.errors import ModelError
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+BUILTIN_VERSION = "v1"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (256 byte tokens + ChatML specials, no merges): every digit is one token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for tok in SPECIAL_TOKENS:
+        vocab[tok] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _tiny_common(vocab_size: int) -> dict:
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=12,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        max_position_embeddings=32768,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        pad_token_id=256,
+        bos_token_id=None,
+        eos_token_id=258,
+    )
+
+
+def tiny_qwen3_next_config(vocab_size: int = 384, moe: bool = False, **over):
+    """A tiny Qwen3-Next: 12 layers (3 GDN : 1 attention, so 3 attention layers), partial RoPE 0.25."""
+    from transformers import Qwen3NextConfig
+
+    kw = _tiny_common(vocab_size)
+    kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    if moe:
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    else:
+        kw.update(num_experts=0)
+    kw.update(over)
+    return Qwen3NextConfig(**kw)
+
+
+def tiny_qwen3_5_config(vocab_size: int = 384, **over):
+    """A tiny Qwen3.5 text model with the same layout as :func:`tiny_qwen3_next_config`."""
+    from transformers import Qwen3_5TextConfig
+
+    kw = _tiny_common(vocab_size)
+    kw["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [4, 2, 2],
+        "mrope_interleaved": True,
+    }
+    kw.update(over)
+    return Qwen3_5TextConfig(**kw)
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    config: Callable[[], object]
+    seed: int = 0
+    random_weights: bool = True
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel("tiny-random", "random-weight tiny Qwen3-Next (dense MLP), byte tokenizer", tiny_qwen3_next_config),
+        BuiltinModel(
+            "tiny-random-moe", "random-weight tiny Qwen3-Next (MoE MLP), byte tokenizer",
+            lambda: tiny_qwen3_next_config(moe=True),
+        ),
+        BuiltinModel("tiny-random-qwen3_5", "random-weight tiny Qwen3.5 text model, byte tokenizer", tiny_qwen3_5_config),
+    )
+}
+DEFAULT_MODEL = "tiny-random"
+
+
+def build_random(config, seed: int = 0):
+    """Seeded random-init causal LM from a config (float32), using the kvbench attention function."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPL, dtype=torch.float32).eval()
+
+
+def materialize_builtin(name: str) -> Path:
+    """Build a built-in model once into the cache directory and return its path."""
+    spec = BUILTIN_MODELS[name]
+    path = cache_dir() / "models" / f"{name}-{BUILTIN_VERSION}"
+    if (path / "kvbench_builtin.json").exists():
+        return path
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model = build_random(spec.config(), spec.seed)
+    model.save_pretrained(tmp)
+    byte_tokenizer().save_pretrained(tmp)
+    (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
+    tmp.rename(path) if not path.exists() else None
+    return path
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for an engine. ``name`` is what rows record; ``fingerprint`` identifies the weights."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    fingerprint: str
+    random_weights: bool
+    source: str
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
+    """Load a built-in model name, a local directory, or (online only) a hub id."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    random_weights = False
+    if name_or_path in BUILTIN_MODELS:
+        path = str(materialize_builtin(name_or_path))
+        random_weights = BUILTIN_MODELS[name_or_path].random_weights
+        name = name_or_path
+    elif Path(name_or_path).exists():
+        path = name_or_path
+        marker = Path(path) / "kvbench_builtin.json"
+        random_weights = marker.exists() and json.loads(marker.read_text()).get("random_weights", False)
+        name = Path(path).resolve().name
+    else:
+        path = name = name_or_path
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot load model {name_or_path!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), not a local "
+            f"directory, and the hub is unreachable or has no such id ({type(exc).__name__})"
+        ) from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            f"model {name_or_path!r} has model_type {config.model_type!r}; kvbench supports the hybrids "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return LoadedModel(name, model, tokenizer, fingerprint(model, tokenizer), random_weights, path)
+
+
+def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
+    """SHA-256 over the config, every parameter's name/shape/dtype and a strided sample of its values
+    (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at any scale, and
+    different for any two models that differ in architecture, tokenizer or (almost surely) weights."""
+    h = hashlib.sha256()
+    h.update(model.config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 1024)][:1024].float().cpu()
+        h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        h.update(sample.numpy().tobytes())
+    if tokenizer is not None:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+        h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    return h.hexdigest()
+
+
+def stop_token_ids(tokenizer, model) -> list[int]:
+    """Token ids that end an answer: the tokenizer's eos, the generation config's eos ids, and
+    ``<|im_end|>`` / ``<|endoftext|>`` where the vocabulary has them."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for t in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+        if t is not None:
+            ids.add(int(t))
+    vocab = tokenizer.get_vocab()
+    for special in ("<|im_end|>", "<|endoftext|>"):
+        if special in vocab:
+            ids.add(int(vocab[special]))
+    return sorted(ids)

@@ -1,0 +1,131 @@
+"""Methods API: every eviction method is a subclass of :class:`EvictionMethod`.
+
+A method scores the attention KV entries of a prefilled parent once, before any question exists::
+
+    from kvbench.methods import EvictionMethod, register_method
+
+    @register_method
+    class KeyNorm(EvictionMethod):
+        name = "keynorm"
+        default_allocation = "flat"
+
+        def score(self, parent):
+            # one [H_kv, n] tensor per attention layer; higher = keep
+            return [-parent.keys(f).float().norm(dim=-1) for f in range(parent.n_attn_layers)]
+
+The harness turns scores into kept index sets with the chosen allocation (``flat``, ``pyramid``,
+``gate`` or ``global``; see :mod:`kvbench.budgets`), always keeping the protected prefix on top of the
+budget. Override :meth:`EvictionMethod.select` to choose entries some other way.
+
+Third-party packages register methods through the ``kvbench.methods`` entry-point group, each entry
+pointing at an :class:`EvictionMethod` subclass (``mymethod = mypkg.module:MyMethod``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from typing import ClassVar, Sequence
+
+import torch
+
+from kvbench import budgets
+from kvbench.engines.base import ParentSession
+from kvbench.errors import KvbenchError
+
+__all__ = ["EvictionMethod", "register_method", "get_method", "list_methods", "method_class"]
+
+
+class EvictionMethod(ABC):
+    """Base class of every eviction method.
+
+    Class attributes:
+      name: registry name (CLI ``--method``).
+      default_allocation: allocation used when the user gives none.
+      allocations: allocations this method's scores support.
+      fixed_p: if set, the method runs only at this kept fraction (``full`` runs at 1.0).
+      extra_passes: True if scoring runs extra model passes (its cost is then part of the report).
+      query_window: trailing context positions whose queries the method reads (``parent.queries``).
+    """
+
+    name: ClassVar[str] = ""
+    default_allocation: ClassVar[str] = "flat"
+    allocations: ClassVar[tuple[str, ...]] = budgets.ALLOCATIONS
+    fixed_p: ClassVar[float | None] = None
+    extra_passes: ClassVar[bool] = False
+    query_window: ClassVar[int] = 0
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    @abstractmethod
+    def score(self, parent: ParentSession) -> list[torch.Tensor]:
+        """Per attention layer ordinal ``f``, a ``[H_kv, n]`` tensor of scores (higher = keep)."""
+
+    def gate_means(self, parent: ParentSession) -> list[float]:
+        """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
+        return parent.gate_means()
+
+    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
+        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
+        n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
+        k = budgets.per_head_budget(n, prot, p)
+        if allocation == "global":
+            return budgets.select_global(scores, budgets.total_budget(n, prot, p, L, H), prot)
+        weights = self.gate_means(parent) if allocation == "gate" else None
+        counts = budgets.layer_counts(allocation, k, L, n - prot, weights)
+        return budgets.select_per_head(scores, counts, prot)
+
+
+_METHODS: dict[str, type[EvictionMethod]] = {}
+_BUILTIN_MODULES = ("kvbench.methods.full", "kvbench.methods.random_method")
+_loaded = False
+
+
+def register_method(cls: type[EvictionMethod]) -> type[EvictionMethod]:
+    """Class decorator: make ``cls`` available as ``--method <cls.name>``."""
+    if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
+        raise TypeError(f"{cls!r} is not an EvictionMethod subclass")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _METHODS and _METHODS[cls.name] is not cls:
+        raise ValueError(f"method {cls.name!r} is already registered by {_METHODS[cls.name].__qualname__}")
+    unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
+    if unknown or cls.default_allocation not in cls.allocations:
+        raise ValueError(f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}")
+    _METHODS[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    for ep in entry_points(group="kvbench.methods"):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must not hide the built-ins, but must be visible
+            raise KvbenchError(f"the kvbench.methods entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+        if getattr(cls, "name", None) not in _METHODS:
+            register_method(cls)
+
+
+def list_methods() -> list[str]:
+    _load()
+    return sorted(_METHODS)
+
+
+def method_class(name: str) -> type[EvictionMethod]:
+    _load()
+    if name not in _METHODS:
+        raise KvbenchError(f"unknown method {name!r}; valid methods: {', '.join(sorted(_METHODS))}")
+    return _METHODS[name]
+
+
+def get_method(name: str, seed: int = 0) -> EvictionMethod:
+    """Instantiate the method registered under ``name``."""
+    return method_class(name)(seed=seed)

@@ -1,0 +1,171 @@
+"""The built-in ``needle`` bench (RULER niah_single_1): sizing, needle placement, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvbench.scorers import get_scorer
+from kvbench.tasks import Context, get_bench, list_benches
+from kvbench.tasks.needle import ANSWER_PREFIX, INSTRUCTION, NEEDLE, NOISE, QUESTION
+
+TASK = "niah_single_1"
+GEN = 128
+CONST = 7  # stands in for the chat template's tokens
+
+
+def words(ctx: Context) -> int:
+    q = ctx.questions[0]
+    return CONST + sum(len(s.split()) for s in (ctx.instruction, ctx.body, q.text, q.answer_prefix))
+
+
+# Prompt without any noise line, in words: keys and values are one word each.
+BARE = CONST + sum(
+    len(s.format(key="k", value="v").split()) for s in (INSTRUCTION, NEEDLE, QUESTION, ANSWER_PREFIX)
+)
+NOISE_WORDS = len(NOISE.split())  # 19
+MIN_LENGTH = BARE + NOISE_WORDS + GEN  # shortest --length that holds one noise line
+
+
+def generate(length, limit=3, seed=0, prompt_length=words):
+    return list(
+        get_bench("needle").contexts(TASK, length=length, limit=limit, seed=seed, prompt_length=prompt_length)
+    )
+
+
+def one_more_line(ctx: Context) -> Context:
+    return dataclasses.replace(ctx, body=ctx.body + "\n" + NOISE)
+
+
+def check_context(ctx: Context, length: int, prompt_length) -> None:
+    assert prompt_length(ctx) + GEN <= length
+    assert prompt_length(one_more_line(ctx)) + GEN > length  # the haystack is as large as fits
+    (q,) = ctx.questions
+    key, value = ctx.meta["key"], ctx.meta["value"]
+    needle = f"One of the special magic numbers for {key} is: {value}."
+    assert ctx.body.count(needle) == 1
+    assert ctx.body.count("special magic") == 1
+    assert q.references == (value,) and len(value) == 7 and value.isdigit()
+    assert ctx.body.count(value) == 1
+    lines = ctx.body.split("\n")
+    assert len(lines) == ctx.meta["n_lines"] + 1
+    assert lines.count(NOISE) == ctx.meta["n_lines"] >= 1
+    assert lines.index(needle) == pytest.approx(ctx.meta["depth"] * ctx.meta["n_lines"])
+    assert 0 <= ctx.meta["depth"] < 1
+    assert q.text == f"What is the special magic number for {key} mentioned in the provided text?"
+    assert q.answer_prefix == f"The special magic number for {key} mentioned in the provided text is"
+    assert q.max_new_tokens == GEN and q.scorers == ("string_match_all",)
+
+
+def test_registered():
+    bench = get_bench("needle")
+    assert "needle" in list_benches()
+    assert bench.name == "needle" and bench.description and "\n" not in bench.description
+    assert bench.tasks() == [TASK]
+
+
+def test_fixed_template_pieces():
+    (ctx,) = generate(4096, limit=1)
+    assert ctx.bench == "needle" and ctx.task == TASK and ctx.item == "0"
+    assert ctx.instruction == (
+        "A special magic number is hidden within the following text. Make sure to memorize it. "
+        "I will quiz you about the number afterwards."
+    )
+    assert (
+        NOISE == "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+    )
+
+
+@pytest.mark.parametrize("length", [MIN_LENGTH, MIN_LENGTH + 1, 1000, 4096])
+def test_sized_to_length_with_exact_line_count(length):
+    ctxs = generate(length, limit=4)
+    assert [c.item for c in ctxs] == ["0", "1", "2", "3"]
+    for ctx in ctxs:
+        check_context(ctx, length, words)
+        assert ctx.meta["n_lines"] == (length - GEN - BARE) // NOISE_WORDS
+
+
+@settings(max_examples=60, deadline=None)
+@given(length=st.integers(min_value=0, max_value=6000), seed=st.integers(0, 10**6))
+def test_sizing_property(length, seed):
+    if length < MIN_LENGTH:
+        with pytest.raises(ValueError, match="too short"):
+            generate(length, limit=2, seed=seed)
+        return
+    for ctx in generate(length, limit=2, seed=seed):
+        check_context(ctx, length, words)
+
+
+def test_too_short_message():
+    with pytest.raises(ValueError) as err:
+        generate(MIN_LENGTH - 1)
+    msg = str(err.value)
+    assert f"--length {MIN_LENGTH - 1} is too short for needle/{TASK}" in msg
+    assert f"already takes {BARE} tokens" in msg
+    assert f"--length >= {MIN_LENGTH}" in msg
+
+
+def test_deterministic_and_independent_of_limit():
+    a, b = generate(2000, limit=10, seed=5), generate(2000, limit=10, seed=5)
+    assert a == b
+    assert generate(2000, limit=3, seed=5)[2] == a[2]
+    other = generate(2000, limit=10, seed=6)
+    assert [c.meta["value"] for c in other] != [c.meta["value"] for c in a]
+    assert len({c.meta["value"] for c in a}) > 1  # items differ from each other
+    assert len({c.meta["depth"] for c in a}) > 1
+
+
+def test_limit_zero_and_unknown_task():
+    assert generate(2000, limit=0) == []
+    with pytest.raises(ValueError, match=TASK):  # raised by the call itself, before iterating
+        get_bench("needle").contexts("niah_multikey_1", length=2000, limit=1, seed=0, prompt_length=words)
+
+
+def test_search_is_cheap_after_the_first_item():
+    calls = []
+
+    def counting(ctx: Context) -> int:
+        calls.append(ctx.meta["n_lines"])
+        return words(ctx)
+
+    gen = get_bench("needle").contexts(TASK, length=50_000, limit=10, seed=0, prompt_length=counting)
+    next(gen)
+    assert len(calls) <= 2 * (50_000).bit_length() + 2  # galloping then bisection: O(log length)
+    calls.clear()
+    rest = list(gen)
+    assert len(rest) == 9 and len(calls) <= 2 * 9  # same size as the previous item: n fits, n + 1 doesn't
+
+
+def test_terminates_when_prompt_length_ignores_the_haystack():
+    (ctx,) = generate(300, limit=1, prompt_length=lambda ctx: 10)
+    assert ctx.meta["n_lines"] == 300  # capped: a noise line is at least one token
+
+
+def test_references_score_with_declared_scorer():
+    for ctx in generate(1500, limit=3):
+        q = ctx.questions[0]
+        scorer = get_scorer(q.scorers[0])
+        assert scorer(f"{q.answer_prefix} {q.references[0]}.", q.references) == 100.0
+        assert scorer("I don't know.", q.references) == 0.0
+
+
+def test_with_real_byte_level_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+
+    def prompt_length(ctx: Context) -> int:
+        q = ctx.questions[0]
+        text = f"<|user|>\n{ctx.instruction}\n{ctx.body}\n{q.text}<|end|>\n<|assistant|>\n{q.answer_prefix}"
+        return len(tok.encode(text).ids)
+
+    length = 4096
+    ctxs = generate(length, limit=3, seed=1, prompt_length=prompt_length)
+    for ctx in ctxs:
+        check_context(ctx, length, prompt_length)
+        assert prompt_length(ctx) > length - GEN - len(NOISE) - 1  # one line is len(NOISE) + 1 bytes
