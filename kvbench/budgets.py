@@ -40,7 +40,9 @@ def validate_p(p: float) -> float:
     try:
         value = float(p)
     except (TypeError, ValueError):
-        raise KvbenchError(f"kept fraction p={p!r} is not a number; use a value in (0, 1], e.g. 0.1") from None
+        raise KvbenchError(
+            f"kept fraction p={p!r} is not a number; use a value in (0, 1], e.g. 0.1"
+        ) from None
     if not (0.0 < value <= 1.0) or math.isnan(value):
         raise KvbenchError(f"kept fraction p={p} is outside (0, 1]; use e.g. --p 0.5 or --p all")
     return value
@@ -117,7 +119,9 @@ def flat(k: int, n_layers: int) -> list[int]:
     return [k] * n_layers
 
 
-def pyramid(k: int, n_layers: int, capacity: int, beta: float = PYRAMID_BETA, floor: int = PYRAMID_MIN) -> list[int]:
+def pyramid(
+    k: int, n_layers: int, capacity: int, beta: float = PYRAMID_BETA, floor: int = PYRAMID_MIN
+) -> list[int]:
     """PyramidKV: linearly decreasing budgets over the attention-layer ordinal ``f``.
 
     ``k_min = k / beta``, ``k_max = 2k - k_min``, ``k_f = k_max - f (k_max - k_min) / (L - 1)``; the
@@ -141,7 +145,9 @@ def gate(k: int, gate_means: Sequence[float], capacity: int) -> list[int]:
     return apportion(list(gate_means), len(gate_means) * k, lo=0, hi=capacity)
 
 
-def layer_counts(allocation: str, k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+def layer_counts(
+    allocation: str, k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None
+) -> list[int]:
     """Per-layer per-head counts for ``flat``, ``pyramid`` or ``gate`` (``global`` has none)."""
     if allocation == "flat":
         return flat(k, n_layers)
@@ -172,7 +178,11 @@ def select_per_head(scores: Sequence[torch.Tensor], counts: Sequence[int], prot:
         body = s[:, prot:].float()
         if c > body.shape[1]:
             raise ValueError(f"budget {c} exceeds the {body.shape[1]} body entries")
-        idx = torch.topk(body, c, dim=1, sorted=False).indices if c > 0 else body.new_zeros((body.shape[0], 0), dtype=torch.long)
+        idx = (
+            torch.topk(body, c, dim=1, sorted=False).indices
+            if c > 0
+            else body.new_zeros((body.shape[0], 0), dtype=torch.long)
+        )
         kept.append([_with_protected(idx[h], prot) for h in range(body.shape[0])])
     return kept
 

@@ -6,16 +6,22 @@ without a traceback.
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 
 from kvbench.errors import KvbenchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.",
+)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -40,23 +46,43 @@ def parse_ps(text: str) -> list[float]:
 def run(
     method: str = typer.Option("full,random", "--method", "-m", help="Method name(s), comma separated."),
     bench: str = typer.Option("needle", "--bench", "-b", help="Benchmark name."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name(s), comma separated (default: all)."),
-    p: str = typer.Option("all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."),
-    allocation: Optional[str] = typer.Option(
-        None, "--allocation", "-a", help="flat|pyramid|gate|global, comma separated (default: each method's own)."
+    task: Optional[str] = typer.Option(
+        None, "--task", "-t", help="Task name(s), comma separated (default: all)."
     ),
-    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    p: str = typer.Option(
+        "all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."
+    ),
+    allocation: Optional[str] = typer.Option(
+        None,
+        "--allocation",
+        "-a",
+        help="flat|pyramid|gate|global, comma separated (default: each method's own).",
+    ),
+    model: str = typer.Option(
+        "tiny-random", "--model", help="Built-in model name, local directory or hub id."
+    ),
     engine: str = typer.Option("torch", "--engine", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
-    length: int = typer.Option(4096, "--length", help="Target prompt length in tokens for generated benches."),
+    length: int = typer.Option(
+        4096, "--length", help="Target prompt length in tokens for generated benches."
+    ),
     seed: int = typer.Option(42, "--seed", help="Data and method seed."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
     device: str = typer.Option("cpu", "--device", help="torch device (cpu, cuda, cuda:1, …)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32|bfloat16|float16 (default: fp32 on CPU, bf16 on GPU)."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="float32|bfloat16|float16 (default: fp32 on CPU, bf16 on GPU)."
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
+    ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
+    if data_dir is not None:
+        if not data_dir.is_dir():
+            raise KvbenchError(f"--data-dir {data_dir} is not a directory")
+        os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
     from kvbench.runner import RunConfig, parse_shard
     from kvbench.runner import run as run_config
 
@@ -123,8 +149,12 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
 
 @app.command()
 def report(
-    results: Path = typer.Option(Path("results/default"), "--results", "-r", help="Results directory of a run."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Markdown file (default: <results>/report.md)."),
+    results: Path = typer.Option(
+        Path("results/default"), "--results", "-r", help="Results directory of a run."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Markdown file (default: <results>/report.md)."
+    ),
 ) -> None:
     """Per-task table (method × p, mean primary score) printed and written as markdown."""
     from kvbench.report import render_rich, write_report
@@ -145,21 +175,19 @@ def report(
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
     except KvbenchError as exc:
         err_console.print(f"[bold red]error:[/bold red] {exc}")
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.exceptions.Abort):
         raise SystemExit(130) from None
-    except typer.Exit as exc:
+    except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
-    except Exception as exc:  # click usage errors in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise
+    except click.ClickException as exc:  # usage errors, shown as click would in standalone mode
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

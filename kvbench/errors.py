@@ -11,3 +11,7 @@ class ProtocolError(KvbenchError):
 
 class ModelError(KvbenchError):
     """The model cannot be loaded or is not a supported hybrid."""
+
+
+class MissingDataError(KvbenchError):
+    """A task's external data file is absent; the message names the file and how to supply it."""

@@ -84,7 +84,9 @@ def tiny_qwen3_next_config(vocab_size: int = 384, moe: bool = False, **over):
     kw = _tiny_common(vocab_size)
     kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     if moe:
-        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+        kw.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64
+        )
     else:
         kw.update(num_experts=0)
     kw.update(over)
@@ -119,12 +121,19 @@ class BuiltinModel:
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     m.name: m
     for m in (
-        BuiltinModel("tiny-random", "random-weight tiny Qwen3-Next (dense MLP), byte tokenizer", tiny_qwen3_next_config),
         BuiltinModel(
-            "tiny-random-moe", "random-weight tiny Qwen3-Next (MoE MLP), byte tokenizer",
+            "tiny-random", "random-weight tiny Qwen3-Next (dense MLP), byte tokenizer", tiny_qwen3_next_config
+        ),
+        BuiltinModel(
+            "tiny-random-moe",
+            "random-weight tiny Qwen3-Next (MoE MLP), byte tokenizer",
             lambda: tiny_qwen3_next_config(moe=True),
         ),
-        BuiltinModel("tiny-random-qwen3_5", "random-weight tiny Qwen3.5 text model, byte tokenizer", tiny_qwen3_5_config),
+        BuiltinModel(
+            "tiny-random-qwen3_5",
+            "random-weight tiny Qwen3.5 text model, byte tokenizer",
+            tiny_qwen3_5_config,
+        ),
     )
 }
 DEFAULT_MODEL = "tiny-random"
@@ -148,7 +157,9 @@ def materialize_builtin(name: str) -> Path:
     model = build_random(spec.config(), spec.seed)
     model.save_pretrained(tmp)
     byte_tokenizer().save_pretrained(tmp)
-    (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
+    (tmp / "kvbench_builtin.json").write_text(
+        json.dumps({"name": name, "random_weights": spec.random_weights})
+    )
     tmp.rename(path) if not path.exists() else None
     return path
 
@@ -165,7 +176,9 @@ class LoadedModel:
     source: str
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None
+) -> LoadedModel:
     """Load a built-in model name, a local directory, or (online only) a hub id."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -80,7 +80,9 @@ def render(tokenizer, context: Context, max_length: int | None = None) -> Render
         raise KvbenchError(f"empty context body in {context.bench}/{context.task} item {context.item}")
     truncated_from = None
     if max_length is not None:
-        need = max((len(q) + spec.max_new_tokens for q, spec in zip(question_ids, context.questions)), default=0)
+        need = max(
+            (len(q) + spec.max_new_tokens for q, spec in zip(question_ids, context.questions, strict=False)), default=0
+        )
         room = max_length - len(prefix_ids) - need
         if room < 2:
             raise KvbenchError(

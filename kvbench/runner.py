@@ -86,10 +86,14 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     bench = get_bench(config.bench)
     for task in config.tasks or []:
         if task not in bench.tasks():
-            raise KvbenchError(f"unknown task {task!r} for bench {config.bench}; valid tasks: {', '.join(bench.tasks())}")
+            raise KvbenchError(
+                f"unknown task {task!r} for bench {config.bench}; valid tasks: {', '.join(bench.tasks())}"
+            )
     for alloc in config.allocations or []:
         if alloc not in budgets.ALLOCATIONS:
-            raise KvbenchError(f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}")
+            raise KvbenchError(
+                f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}"
+            )
     plan = []
     for name in config.methods:
         cls = method_class(name)
@@ -99,7 +103,9 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
         allocs = config.allocations or [cls.default_allocation]
         bad = [a for a in allocs if a not in cls.allocations]
         if bad:
-            raise KvbenchError(f"method {name} does not support allocation {bad}; it supports {', '.join(cls.allocations)}")
+            raise KvbenchError(
+                f"method {name} does not support allocation {bad}; it supports {', '.join(cls.allocations)}"
+            )
         plan.append((get_method(name, config.seed), allocs, ps))
     return plan
 
@@ -109,13 +115,17 @@ def _contexts(config: RunConfig, lm: LoadedModel) -> Iterator[Context]:
     measure = prompt_length(lm.tokenizer)
     index = 0
     for task in config.tasks or bench.tasks():
-        for ctx in bench.contexts(task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure):
+        for ctx in bench.contexts(
+            task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure
+        ):
             if index % config.shard[1] == config.shard[0]:
                 yield ctx
             index += 1
 
 
-def _key(lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str) -> dict:
+def _key(
+    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str
+) -> dict:
     return {
         "model": lm.name,
         "engine": config.engine,
@@ -165,9 +175,15 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
         torch.set_num_threads(config.threads)
     lm = lm or load_model(config.model, device=config.device, dtype=config.dtype)
     if lm.random_weights:
-        console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
+        console.print(
+            f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]"
+        )
     store.write_manifest(manifest_entry(config, lm))
-    engine = TorchEngine(lm.model, stop_token_ids(lm.tokenizer, lm.model), decode=lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=True))
+    engine = TorchEngine(
+        lm.model,
+        stop_token_ids(lm.tokenizer, lm.model),
+        decode=lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=True),
+    )
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     n_tasks = len(config.tasks or get_bench(config.bench).tasks())
     total = -(-n_tasks * config.limit // config.shard[1])
@@ -192,13 +208,17 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
 def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar) -> None:
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
     pending = {
-        (method.name, alloc, p): [q for q in ctx.questions if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid))]
+        (method.name, alloc, p): [
+            q for q in ctx.questions if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid))
+        ]
         for method, allocs, ps in plan
         for alloc in allocs
         for p in ps
     }
     n_pending = sum(len(v) for v in pending.values())
-    summary.rows_skipped += sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in plan) - n_pending
+    summary.rows_skipped += (
+        sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in plan) - n_pending
+    )
     if n_pending == 0:
         return
     parent = engine.prefill(rendered.context_ids, rendered.prot, query_window=query_window)
@@ -221,7 +241,9 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
                     child = parent.fork(kept)
                     try:
                         for q in questions:
-                            row = _answer_row(ctx, q, rendered, parent, child, lm, config, method, alloc, p, score_s)
+                            row = _answer_row(
+                                ctx, q, rendered, parent, child, lm, config, method, alloc, p, score_s
+                            )
                             store.append(row)
                             summary.rows_written += 1
                     finally:
@@ -243,7 +265,9 @@ def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent
 
 def _answer_row(ctx, q, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s) -> dict:
     qi = ctx.questions.index(q)
-    ans = child.answer(rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256)
+    ans = child.answer(
+        rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256
+    )
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.stats
     return {

@@ -20,6 +20,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from kvbench.errors import KvbenchError
+
 __all__ = [
     "Question",
     "Context",
@@ -99,9 +101,8 @@ class Bench(ABC):
         ``prompt_length(context)`` plus the question's ``max_new_tokens`` is at most ``length``."""
 
 
-class UnknownBenchError(KeyError):
-    def __str__(self) -> str:  # KeyError quotes its message otherwise
-        return str(self.args[0])
+class UnknownBenchError(KvbenchError):
+    """No bench is registered under the given name."""
 
 
 _BENCHES: dict[str, type[Bench]] = {}

@@ -12,7 +12,7 @@ index, which is ``attn_layer_ids[f]``); GDN layers by ordinal into ``gdn_layer_i
 from __future__ import annotations
 
 import hashlib
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -70,7 +70,7 @@ class GdnSignals:
     vnorm: list[torch.Tensor]
 
 
-class Session(ABC):
+class Session:
     """Common lifecycle: a session is live until released; any use after that is an error."""
 
     def __init__(self, session_id: str) -> None:

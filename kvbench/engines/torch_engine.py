@@ -104,6 +104,14 @@ class TorchEngine:
     def _new_id(self) -> str:
         return uuid.uuid4().hex[:12]
 
+    def _check_attention(self) -> None:
+        # Padding masks and query recording live in kvbench_sdpa: never run silently without it.
+        if self.model.config._attn_implementation != ATTN_IMPL:
+            raise KvbenchError(
+                f"the model's attention implementation was changed to {self.model.config._attn_implementation!r}; "
+                f"kvbench needs {ATTN_IMPL!r} (do not share the model's config with another model)"
+            )
+
     @torch.no_grad()
     def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> TorchParent:
         """Prefill ``token_ids`` once into an unpruned parent; ``prot`` leading tokens are protected.
@@ -120,15 +128,21 @@ class TorchEngine:
                 f"context of {n} tokens exceeds the model limit of {self.max_context}; middle-truncate it first "
                 "(the runner does this automatically)"
             )
+        self._check_attention()
         ids = torch.tensor([token_ids], device=self.device)
         start = time.perf_counter()
         with self.adapter.recorder(query_window) as rec:
             out = self.model(
-                input_ids=ids, use_cache=True, logits_to_keep=1, position_ids=torch.arange(n, device=self.device)[None]
+                input_ids=ids,
+                use_cache=True,
+                logits_to_keep=1,
+                position_ids=torch.arange(n, device=self.device)[None],
             )
         seconds = time.perf_counter() - start
         rec.check(n)
-        parent = TorchParent(self, self._new_id(), token_ids, prot, out.cache, rec.result(), query_window, seconds)
+        parent = TorchParent(
+            self, self._new_id(), token_ids, prot, out.cache, rec.result(), query_window, seconds
+        )
         self._sessions[parent.session_id] = parent
         return parent
 
@@ -155,6 +169,7 @@ class TorchEngine:
     ) -> Answer:
         if len(question_ids) == 0:
             raise KvbenchError("empty question: nothing to feed after the context")
+        self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
         cache = copy.copy(parent.cache)
         cache.layers = list(parent.cache.layers)
@@ -212,7 +227,9 @@ class TorchEngine:
 class TorchParent(ParentSession):
     """Unpruned parent: full attention K/V, GDN end-of-context snapshot, signals and gate statistics."""
 
-    def __init__(self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds):
+    def __init__(
+        self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds
+    ):
         super().__init__(session_id)
         self.engine = engine
         self.cache = cache
@@ -262,18 +279,26 @@ class TorchParent(ParentSession):
     def _full_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(self.cache.layers[i].keys, self.cache.layers[i].values) for i in self.attn_layer_ids]
 
-    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+    def answer(
+        self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
+    ) -> Answer:
         self._check_live()
         _check_sha(self.sha256, context_sha256)
         masks = [None] * self.n_attn_layers
-        return self.engine._answer(self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits)
+        return self.engine._answer(
+            self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits
+        )
 
     def _validate(self, kept: Sequence[Sequence[torch.Tensor]]) -> None:
         if len(kept) != self.n_attn_layers:
-            raise KvbenchError(f"kept has {len(kept)} layers, the model has {self.n_attn_layers} attention layers")
+            raise KvbenchError(
+                f"kept has {len(kept)} layers, the model has {self.n_attn_layers} attention layers"
+            )
         for f, heads in enumerate(kept):
             if len(heads) != self.n_kv_heads:
-                raise KvbenchError(f"kept[{f}] has {len(heads)} heads, the model has {self.n_kv_heads} KV heads")
+                raise KvbenchError(
+                    f"kept[{f}] has {len(heads)} heads, the model has {self.n_kv_heads} KV heads"
+                )
             for h, idx in enumerate(heads):
                 if idx.dim() != 1 or idx.dtype != torch.long:
                     raise KvbenchError(f"kept[{f}][{h}] must be a 1-D LongTensor of positions")
@@ -295,7 +320,7 @@ class TorchParent(ParentSession):
         layers, masks = [], []
         kept_entries = stored = full = 0
         padded = False
-        for heads, (keys, values) in zip(kept, self._full_kv()):  # keys/values [1, H_kv, n, D]
+        for heads, (keys, values) in zip(kept, self._full_kv(), strict=False):  # keys/values [1, H_kv, n, D]
             counts = [len(idx) for idx in heads]
             width = max(counts)
             index = torch.zeros(self.n_kv_heads, width, dtype=torch.long, device=device)
@@ -352,7 +377,9 @@ class TorchChild(ChildSession):
         self.stats = stats
         self.fork_seconds = fork_seconds
 
-    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+    def answer(
+        self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
+    ) -> Answer:
         self._check_live()
         self.parent._check_live()
         _check_sha(self.parent.sha256, context_sha256)

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random hybrids of both families, built in code (no download)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+# Built-in models are materialised under the kvbench cache: keep the suite's cache private.
+os.environ.setdefault("KVBENCH_CACHE", tempfile.mkdtemp(prefix="kvbench-test-cache-"))
+# Real data files for integration tests live in ../shared/data beside the checkout (when present).
+_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if "KVBENCH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
+    os.environ["KVBENCH_DATA_DIR"] = str(_SHARED_DATA)
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from kvbench.engines.torch_engine import TorchEngine  # noqa: E402
+from kvbench.models import build_random, tiny_qwen3_5_config, tiny_qwen3_next_config  # noqa: E402
+
+FAMILIES = {
+    "qwen3_next": lambda: tiny_qwen3_next_config(),
+    "qwen3_next_moe": lambda: tiny_qwen3_next_config(moe=True),
+    "qwen3_5": lambda: tiny_qwen3_5_config(),
+}
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def tiny_model(family: str) -> torch.nn.Module:
+    """A seeded random tiny model of ``family`` (cached for the session; never mutated by tests)."""
+    if family not in _MODELS:
+        _MODELS[family] = build_random(FAMILIES[family](), seed=0)
+    return _MODELS[family]
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def engine(family) -> TorchEngine:
+    return TorchEngine(tiny_model(family), stop_ids=())

@@ -1,0 +1,192 @@
+"""CLI round trip, a method defined in this file run end to end, bad input, and resume after a crash."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from kvbench import budgets, cli
+from kvbench.methods import EvictionMethod, register_method
+from kvbench.results import ResultsStore
+
+LENGTH = "900"  # byte tokenizer: room for a few haystack lines plus 128 generated tokens
+
+
+@register_method
+class KeyNormForTest(EvictionMethod):
+    """Keeps the keys with the smallest norm (a method defined outside the package)."""
+
+    name = "test-keynorm"
+    default_allocation = "pyramid"
+
+    def score(self, parent):
+        return [-parent.keys(f).float().norm(dim=-1) for f in range(parent.n_attn_layers)]
+
+
+def kvbench(*args: str, capsys=None) -> int:
+    """Run the console entry point in-process; return its exit code."""
+    old = sys.argv
+    sys.argv = ["kvbench", *args]
+    try:
+        cli.main()
+        return 0
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        sys.argv = old
+
+
+def read_rows(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = kvbench(
+        "run",
+        "--method",
+        "test-keynorm,full",
+        "--p",
+        "0.5,0.1",
+        "--limit",
+        "2",
+        "--length",
+        LENGTH,
+        "--out",
+        str(out),
+    )
+    assert code == 0, capsys.readouterr().err
+    rows = read_rows(out)
+    assert len(rows) == 2 * 2 + 2  # two p for the custom method, p=1.0 for full, two contexts
+    custom = [r for r in rows if r["method"] == "test-keynorm"]
+    assert {r["allocation"] for r in custom} == {"pyramid"}
+    for r in custom:
+        k = budgets.per_head_budget(r["n_context"], r["prot"], r["p"])
+        assert r["kept_entries"] == 3 * 2 * (r["prot"] + k)  # 3 attention layers x 2 KV heads, pyramid total
+        assert r["stored_bytes"] < r["full_bytes"] and r["real_fork"] and r["random_weights"]
+    full = [r for r in rows if r["method"] == "full"]
+    assert all(r["p"] == 1.0 and r["kept_entries"] == r["full_entries"] for r in full)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (
+        manifest["runs"][0]["model"] == "tiny-random" and len(manifest["runs"][0]["model_fingerprint"]) == 64
+    )
+
+    # rerun: nothing new, nothing duplicated
+    assert (
+        kvbench(
+            "run",
+            "--method",
+            "test-keynorm,full",
+            "--p",
+            "0.5,0.1",
+            "--limit",
+            "2",
+            "--length",
+            LENGTH,
+            "--out",
+            str(out),
+        )
+        == 0
+    )
+    assert read_rows(out) == rows
+    assert "6 already present" in capsys.readouterr().err.replace("\n", " ")
+
+    assert kvbench("report", "--results", str(out)) == 0
+    report = (out / "report.md").read_text()
+    assert "test-keynorm [pyramid]" in report and "p=0.5" in report and "random" in report.lower()
+
+
+def test_list_commands(capsys):
+    for what, expected in [
+        ("methods", "test-keynorm"),
+        ("benches", "needle"),
+        ("models", "tiny-random"),
+        ("allocations", "pyramid"),
+    ]:
+        assert kvbench("list", what) == 0
+        assert expected in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--method", "nope"], "valid methods"),
+        (["--bench", "nope"], "valid benches"),
+        (["--task", "nope"], "valid tasks"),
+        (["--p", "1.5"], "outside (0, 1]"),
+        (["--p", "0"], "outside (0, 1]"),
+        (["--allocation", "nope"], "valid allocations"),
+        (["--shard", "3/2"], "0 <= i < N"),
+        (["--engine", "nope"], "valid engines"),
+        (["--model", "/nonexistent/model"], "not a built-in model"),
+        (["--limit", "0"], "at least 1"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, capsys, args, message):
+    code = kvbench("run", *args, "--out", str(tmp_path / "o"), "--length", LENGTH, "--limit", "1", *args)
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_unwritable_output_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert kvbench("run", "--out", str(blocker / "sub"), "--limit", "1", "--length", LENGTH) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_report_without_results(tmp_path, capsys):
+    assert kvbench("report", "--results", str(tmp_path)) == 2
+    assert "kvbench run" in capsys.readouterr().err
+
+
+def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, monkeypatch, capsys):
+    args = ["run", "--method", "random", "--p", "0.9,0.5,0.1", "--limit", "2", "--length", LENGTH]
+    assert kvbench(*args, "--out", str(tmp_path / "clean")) == 0
+    clean = read_rows(tmp_path / "clean")
+
+    calls = {"n": 0}
+    original = ResultsStore.append
+
+    def crashing_append(self, row):
+        if calls["n"] == 4:
+            # a crash in the middle of writing the fifth row: half a line reaches the file
+            with open(self.path, "ab") as fh:
+                fh.write(json.dumps(row).encode()[:40])
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        original(self, row)
+
+    monkeypatch.setattr(ResultsStore, "append", crashing_append)
+    assert kvbench(*args, "--out", str(tmp_path / "crash")) == 130
+    monkeypatch.setattr(ResultsStore, "append", original)
+    assert kvbench(*args, "--out", str(tmp_path / "crash")) == 0
+    assert "partial last line" in capsys.readouterr().err.replace("\n", " ")
+    resumed = read_rows(tmp_path / "crash")
+    strip = lambda r: {k: v for k, v in r.items() if not k.endswith("_s")}  # noqa: E731
+    key = lambda r: (r["item"], r["p"])  # noqa: E731
+    assert [strip(r) for r in sorted(resumed, key=key)] == [strip(r) for r in sorted(clean, key=key)]
+
+
+def test_shards_partition_the_contexts(tmp_path):
+    base = ["run", "--method", "full", "--limit", "3", "--length", LENGTH]
+    for i in range(2):
+        assert kvbench(*base, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")) == 0
+    items = [sorted(r["item"] for r in read_rows(tmp_path / f"s{i}")) for i in range(2)]
+    assert items == [["0", "2"], ["1"]]
+
+
+def test_random_method_is_seeded_per_context():
+    from kvbench.methods import get_method
+
+    class Parent:
+        n_kv_heads, n, n_attn_layers = 2, 10, 3
+        sha256 = "ab" * 32
+
+    a, b = get_method("random", seed=1).score(Parent()), get_method("random", seed=1).score(Parent())
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=False))
+    Parent.sha256 = "cd" * 32
+    assert not torch.equal(get_method("random", seed=1).score(Parent())[0], a[0])

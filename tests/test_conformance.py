@@ -1,0 +1,375 @@
+"""Engine-conformance suite (DESIGN.md, "The protocol"), run over both model families.
+
+Independent references are built from stock transformers ("sdpa" attention, the library's own masks)
+with the same weights, so the kvbench attention function, cache surgery and greedy loop are checked
+against code kvbench does not own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from kvbench import budgets
+from kvbench.engines.torch_engine import ATTN_IMPL, TorchEngine, kvbench_sdpa
+from kvbench.errors import KvbenchError, ProtocolError
+from tests.conftest import tiny_model
+
+N_CTX = 300  # not a multiple of the GDN chunk (64): same-split references must still match exactly
+Q_IDS = [17, 23, 5, 99, 42, 7, 31]
+NEW = 10
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), generator=g).tolist()
+
+
+def _stock(family: str) -> torch.nn.Module:
+    """The same weights under the stock transformers SDPA attention."""
+    model = tiny_model(family)
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), attn_implementation="sdpa")
+    ref.load_state_dict(model.state_dict())
+    ref.config._attn_implementation = "sdpa"
+    return ref.eval()
+
+
+_STOCK: dict[str, torch.nn.Module] = {}
+
+
+def stock(family: str) -> torch.nn.Module:
+    if family not in _STOCK:
+        _STOCK[family] = _stock(family)
+    return _STOCK[family]
+
+
+@torch.no_grad()
+def stock_greedy(model, cache, question, start, new, masks=None, one_by_one=False):
+    """Reference greedy loop on a stock model. ``masks(q_len, kv_len)`` gives an attention_mask dict."""
+    logits, tokens = [], []
+    pos = start
+    feeds = [[t] for t in question] if one_by_one else [question]
+    for step in range(new + len(feeds) - 1):
+        ids = feeds[step] if step < len(feeds) else [tokens[-1]]
+        kv = cache.layers[tiny_attn_ids(model)[0]].keys.shape[2] + len(ids)
+        kwargs = {"attention_mask": masks(len(ids), kv)} if masks else {}
+        out = model(
+            input_ids=torch.tensor([ids]),
+            cache=cache,
+            use_cache=True,
+            position_ids=torch.arange(pos, pos + len(ids))[None],
+            **kwargs,
+        )
+        pos += len(ids)
+        if step >= len(feeds) - 1:
+            logits.append(out.logits[0, -1].float())
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens, torch.stack(logits)
+
+
+def tiny_attn_ids(model) -> list[int]:
+    return [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
+
+
+def stock_prefill(family: str, ids: list[int]):
+    with torch.no_grad():
+        return stock(family)(input_ids=torch.tensor([ids]), use_cache=True).cache
+
+
+def gather_cache(cache, kept_per_layer):
+    """Stock cache with every attention layer gathered to ``kept_per_layer[f]`` ([H_kv, K] indices)."""
+    cache = copy.deepcopy(cache)
+    for f, layer_idx in enumerate(i for i, layer in enumerate(cache.layers) if hasattr(layer, "keys")):
+        layer = cache.layers[layer_idx]
+        idx = kept_per_layer[f][None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+        layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+    return cache
+
+
+def _answer(session, sha, question=Q_IDS, new=NEW):
+    return session.answer(question, max_new_tokens=new, context_sha256=sha, stop_ids=(), return_logits=True)
+
+
+# --- identity -------------------------------------------------------------------------------------------
+
+
+def test_keep_all_child_is_token_identical_to_parent(engine):
+    parent = engine.prefill(_ids(N_CTX), prot=8)
+    ref = _answer(parent, parent.sha256)
+    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    got = _answer(child, parent.sha256)
+    assert got.token_ids == ref.token_ids and len(got.token_ids) == NEW
+    assert torch.equal(got.step_logits, ref.step_logits)
+
+
+def test_parent_matches_stock_transformers_same_split(family, engine):
+    ids = _ids(N_CTX, seed=1)
+    parent = engine.prefill(ids, prot=0)
+    ours = _answer(parent, parent.sha256)
+    ref_tokens, ref_logits = stock_greedy(stock(family), stock_prefill(family, ids), Q_IDS, N_CTX, NEW)
+    assert ours.token_ids == ref_tokens
+    torch.testing.assert_close(ours.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
+    for f, layer_idx in enumerate(parent.attn_layer_ids):
+        torch.testing.assert_close(parent.keys(f), stock_prefill(family, ids).layers[layer_idx].keys[0])
+
+
+def test_second_question_equals_question_alone(engine):
+    """GDN states and attention caches are restored before every question."""
+    parent = engine.prefill(_ids(N_CTX, seed=2), prot=4)
+    k = budgets.select_per_head(
+        [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)],
+        [150] * parent.n_attn_layers,
+        parent.prot,
+    )
+    child = parent.fork(k)
+    alone = _answer(child, parent.sha256, question=[9, 8, 7])
+    _answer(child, parent.sha256)  # Q1
+    after = _answer(child, parent.sha256, question=[9, 8, 7])
+    assert after.token_ids == alone.token_ids and torch.equal(after.step_logits, alone.step_logits)
+    p_alone = _answer(parent, parent.sha256, question=[9, 8, 7])
+    _answer(parent, parent.sha256)
+    assert torch.equal(_answer(parent, parent.sha256, question=[9, 8, 7]).step_logits, p_alone.step_logits)
+
+
+# --- pruned children against stock references ------------------------------------------------------------
+
+
+def _random_kept(parent, counts, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        [torch.sort(torch.randperm(parent.n, generator=g)[:c]).values for _ in range(parent.n_kv_heads)]
+        for c in counts
+    ]
+
+
+def test_different_counts_per_layer_multi_token_question(family, engine):
+    """Block-fed question on layers of different lengths == stock model fed one token at a time."""
+    ids = _ids(N_CTX, seed=3)
+    parent = engine.prefill(ids, prot=0)
+    counts = [40, 170, 299][: parent.n_attn_layers]
+    kept = _random_kept(parent, counts, seed=0)  # per-head different index sets too
+    got = _answer(parent.fork(kept), parent.sha256)
+    ref_cache = gather_cache(stock_prefill(family, ids), [torch.stack(k) for k in kept])
+    ref_tokens, ref_logits = stock_greedy(stock(family), ref_cache, Q_IDS, N_CTX, NEW, one_by_one=True)
+    assert got.token_ids == ref_tokens
+    torch.testing.assert_close(got.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
+
+
+def test_per_head_index_sets_equal_counts(family, engine):
+    ids = _ids(N_CTX, seed=4)
+    parent = engine.prefill(ids, prot=0)
+    kept = _random_kept(parent, [120] * parent.n_attn_layers, seed=1)
+    assert not torch.equal(kept[0][0], kept[0][1])
+    got = _answer(parent.fork(kept), parent.sha256)
+    ref_cache = gather_cache(stock_prefill(family, ids), [torch.stack(k) for k in kept])
+    ref_tokens, ref_logits = stock_greedy(stock(family), ref_cache, Q_IDS, N_CTX, NEW)
+    assert got.token_ids == ref_tokens
+    torch.testing.assert_close(got.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
+
+
+def test_unequal_per_head_counts_are_padded_and_masked(family, engine):
+    """Heads keeping different counts (global allocation): padded storage, masked padding. Reference:
+    stock SDPA with an explicit per-head 4-D mask over the same padded cache."""
+    ids = _ids(N_CTX, seed=5)
+    parent = engine.prefill(ids, prot=0)
+    g = torch.Generator().manual_seed(2)
+    sizes = [90, 140]
+    heads = [torch.sort(torch.randperm(parent.n, generator=g)[:s]).values for s in sizes]
+    kept = [heads for _ in range(parent.n_attn_layers)]  # same sets in every layer: one mask serves all
+    child = parent.fork(kept)
+    assert child.stats.padded and child.stats.kept_entries == sum(sizes) * parent.n_attn_layers
+    got = _answer(child, parent.sha256)
+
+    width = max(sizes)
+    index = torch.zeros(parent.n_kv_heads, width, dtype=torch.long)
+    valid = torch.zeros(parent.n_kv_heads, width, dtype=torch.bool)
+    for h, idx in enumerate(heads):
+        index[h, : len(idx)], valid[h, : len(idx)] = idx, True
+    ref_cache = gather_cache(stock_prefill(family, ids), [index] * parent.n_attn_layers)
+    n_rep = parent.n_heads // parent.n_kv_heads
+
+    def masks(q_len, kv_len):
+        ok = torch.ones(parent.n_kv_heads, kv_len, dtype=torch.bool)
+        ok[:, :width] = valid
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+        full = (causal[None] & ok[:, None]).repeat_interleave(n_rep, 0)[None]
+        return {"full_attention": full, "linear_attention": None}
+
+    ref_tokens, ref_logits = stock_greedy(stock(family), ref_cache, Q_IDS, N_CTX, NEW, masks=masks)
+    assert got.token_ids == ref_tokens
+    torch.testing.assert_close(got.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
+
+
+def test_attention_function_against_explicit_softmax():
+    """kvbench_sdpa with per-head key validity == an explicit per-head softmax loop."""
+    torch.manual_seed(0)
+    H, H_kv, q_len, S, extra, D = 4, 2, 3, 6, 3, 8
+    kv = S + extra
+    query, key, value = torch.randn(1, H, q_len, D), torch.randn(1, H_kv, kv, D), torch.randn(1, H_kv, kv, D)
+    valid = torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+
+    class Mod:
+        kvbench_key_mask = valid
+        kvbench_query_sink = None
+
+    out, _ = kvbench_sdpa(Mod(), query, key, value, None, scaling=D**-0.5)
+    for h in range(H):
+        kvh = h // (H // H_kv)
+        for t in range(q_len):
+            visible = [j for j in range(kv) if (j >= S or valid[kvh, j]) and j <= kv - q_len + t]
+            logits = torch.stack([query[0, h, t] @ key[0, kvh, j] * D**-0.5 for j in visible])
+            w = torch.softmax(logits, 0)
+            expected = sum(w[i] * value[0, kvh, j] for i, j in enumerate(visible))
+            torch.testing.assert_close(out[0, t, h], expected, atol=1e-5, rtol=1e-5)
+
+
+# --- memory ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.9, 0.5, 0.1])
+def test_bytes_freed_match_evicted_share(engine, p):
+    parent = engine.prefill(_ids(N_CTX, seed=6), prot=20)
+    scores = [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)]
+    k = budgets.per_head_budget(parent.n, parent.prot, p)
+    child = parent.fork(budgets.select_per_head(scores, [k] * parent.n_attn_layers, parent.prot))
+    s = child.stats
+    assert s.stored_bytes * parent.n == s.full_bytes * (parent.prot + k)
+    assert s.freed_bytes == s.full_bytes - s.stored_bytes > 0
+    assert s.kept_entries == (parent.prot + k) * parent.n_kv_heads * parent.n_attn_layers
+
+
+# --- signals, gates, queries ------------------------------------------------------------------------------
+
+
+def test_signals_and_gates_match_module_hooks(family, engine):
+    """beta / g from the GDN input projections and the gate from q_proj, via plain forward hooks."""
+    ids = _ids(200, seed=7)
+    model = engine.model
+    seen: dict = {}
+    handles = []
+    for _name, mod in model.named_modules():
+        if type(mod).__name__.endswith("GatedDeltaNet"):
+            for proj in ("in_proj_ba", "in_proj_b", "in_proj_a", "in_proj_qkvz"):
+                if hasattr(mod, proj):
+                    handles.append(
+                        getattr(mod, proj).register_forward_hook(
+                            lambda m, i, o, key=(mod.layer_idx, proj): seen.__setitem__(key, o.detach())
+                        )
+                    )
+    try:
+        parent = engine.prefill(ids, prot=0)
+    finally:
+        for h in handles:
+            h.remove()
+    sig = parent.signals()
+    assert len(sig.beta) == len(parent.gdn_layer_ids)
+    for f, layer_idx in enumerate(parent.gdn_layer_ids):
+        gdn = model.model.layers[layer_idx].linear_attn
+        if (layer_idx, "in_proj_ba") in seen:
+            _, _, _, _, b, a = gdn.fix_query_key_value_ordering(
+                seen[(layer_idx, "in_proj_qkvz")], seen[(layer_idx, "in_proj_ba")]
+            )
+        else:
+            b, a = seen[(layer_idx, "in_proj_b")], seen[(layer_idx, "in_proj_a")]
+        torch.testing.assert_close(sig.beta[f], torch.sigmoid(b[0].float()))
+        g = -gdn.A_log.float().exp() * torch.nn.functional.softplus(a[0].float() + gdn.dt_bias)
+        torch.testing.assert_close(sig.g[f], g)
+        assert sig.vnorm[f].shape == (200, gdn.num_v_heads) and bool((sig.vnorm[f] > 0).all())
+    for f in range(parent.n_attn_layers):
+        assert parent.gate(f).shape == (200, parent.n_heads)
+    means = parent.gate_means()
+    expected = [
+        parent.gate(f).mean(0).view(parent.n_kv_heads, -1).max(1).values.mean().item()
+        for f in range(parent.n_attn_layers)
+    ]
+    assert means == pytest.approx(expected)
+
+
+def test_queries_equal_recomputation_from_layer_inputs(family, engine):
+    """parent.queries == q_proj -> q/gate split -> q_norm -> RoPE of the attention layer's input."""
+    ids = _ids(150, seed=8)
+    model = engine.model
+    inputs: dict = {}
+    handles = [
+        model.model.layers[i].self_attn.register_forward_pre_hook(
+            lambda m, args, kwargs, i=i: inputs.__setitem__(i, (args, kwargs)), with_kwargs=True
+        )
+        for i in tiny_attn_ids(model)
+    ]
+    try:
+        parent = engine.prefill(ids, prot=0, query_window=16)
+    finally:
+        for h in handles:
+            h.remove()
+    import sys
+
+    for f, layer_idx in enumerate(parent.attn_layer_ids):
+        attn = model.model.layers[layer_idx].self_attn
+        args, kwargs = inputs[layer_idx]
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        cos, sin = kwargs["position_embeddings"]
+        T, hd = hidden.shape[1], attn.head_dim
+        q = attn.q_proj(hidden).view(1, T, -1, 2 * hd)[..., :hd]
+        q = attn.q_norm(q).transpose(1, 2)
+        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q, _ = rope(q, q, cos, sin)
+        positions = [140, 149, 134]
+        torch.testing.assert_close(parent.queries(f, positions), q[0][:, positions])
+    with pytest.raises(KvbenchError, match="query_window"):
+        parent.queries(0, [10])
+
+
+# --- misuse ---------------------------------------------------------------------------------------------
+
+
+def test_misuse_is_an_error():
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent = engine.prefill(_ids(80), prot=2)
+    all_kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    child = parent.fork(all_kept)
+    with pytest.raises(ProtocolError, match="live child"):
+        parent.fork(all_kept)
+    with pytest.raises(ProtocolError, match="hash mismatch"):
+        child.answer(Q_IDS, max_new_tokens=2, context_sha256="0" * 64)
+    assert engine.session(child.session_id) is child
+    child.release()
+    with pytest.raises(ProtocolError, match="released"):
+        child.answer(Q_IDS, max_new_tokens=2, context_sha256=parent.sha256)
+    with pytest.raises(ProtocolError, match="released"):
+        engine.session(child.session_id)
+    second = parent.fork(all_kept)  # after release, forking again is fine
+    parent.release()
+    with pytest.raises(ProtocolError, match="released"):
+        second.answer(Q_IDS, max_new_tokens=2, context_sha256=parent.sha256)
+    with pytest.raises(ProtocolError, match="released"):
+        parent.keys(0)
+    with pytest.raises(ProtocolError, match="unknown session"):
+        engine.session("nope")
+    with pytest.raises(KvbenchError, match="empty context"):
+        engine.prefill([], prot=0)
+    with pytest.raises(KvbenchError, match="exceeds the model limit"):
+        engine.prefill([1] * (engine.max_context + 1), prot=0)
+
+
+def test_bad_kept_sets_are_rejected():
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent = engine.prefill(_ids(50), prot=0)
+    L, H = parent.n_attn_layers, parent.n_kv_heads
+    good = budgets.keep_all(50, L, H)
+    bad_sets = {
+        "layers": good[:-1],
+        "heads": [heads[:-1] for heads in good],
+        "outside": [[torch.tensor([0, 50])] * H] * L,
+        "sorted": [[torch.tensor([3, 1])] * H] * L,
+        "1-D LongTensor": [[torch.tensor([1.0])] * H] * L,
+    }
+    for match, kept in bad_sets.items():
+        with pytest.raises(KvbenchError, match=match):
+            parent.fork(kept)
+
+
+def test_engine_uses_kvbench_attention(family):
+    assert tiny_model(family).config._attn_implementation == ATTN_IMPL
