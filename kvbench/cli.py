@@ -157,7 +157,7 @@ def report(
     ),
 ) -> None:
     """Per-task table (method × p, mean primary score) printed and written as markdown."""
-    from kvbench.report import render_rich, write_report
+    from kvbench.report import missing_lines, render_rich, write_report
     from kvbench.results import ResultsStore
 
     if not (results / "results.jsonl").exists():
@@ -165,11 +165,60 @@ def report(
     with ResultsStore(results) as store:
         if store.recovered:
             err_console.print(f"[yellow]{store.recovered}[/yellow]")
-        rows = store.rows()
+        rows, missing = store.rows(), store.missing()
     for table in render_rich(rows):
         console.print(table)
-    path = write_report(rows, out or results / "report.md")
+    for line in missing_lines(rows, missing):
+        console.print(line.replace("**", ""), style="yellow")
+    path = write_report(rows, out or results / "report.md", missing)
     err_console.print(f"report written to {path}")
+
+
+@app.command()
+def cost(
+    method: str = typer.Option(..., "--method", "-m", help="Method name(s), comma separated."),
+    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    lengths: str = typer.Option("4096,16384", "--lengths", help="Context lengths in tokens, comma separated."),
+    repeats: int = typer.Option(3, "--repeats", help="Measured rounds (median) after one warm-up."),
+    out: Path = typer.Option(Path("results/cost.json"), "--out", "-o", help="JSON file for the table."),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+) -> None:
+    """Scoring cost: prefill seconds, scoring seconds and their ratio per method and context length."""
+    import torch
+    from rich.table import Table
+
+    from kvbench.cost import measure_cost, save_cost
+    from kvbench.engines.torch_engine import TorchEngine
+    from kvbench.methods import method_class
+    from kvbench.models import load_model
+
+    names = _split(method) or []
+    for name in names:
+        method_class(name)
+    try:
+        ns = [int(x) for x in _split(lengths) or []]
+    except ValueError:
+        raise KvbenchError(f"--lengths {lengths!r} must be comma-separated integers") from None
+    if not ns or min(ns) < 2 or repeats < 1:
+        raise KvbenchError("--lengths needs integers >= 2 and --repeats >= 1")
+    if threads:
+        torch.set_num_threads(threads)
+    lm = load_model(model, device=device, dtype=dtype)
+    engine = TorchEngine(lm.model, lm.tokenizer)
+    too_long = [n for n in ns if n > engine.max_context]
+    if too_long:
+        raise KvbenchError(f"--lengths {too_long} exceed the model limit of {engine.max_context} tokens")
+    rows = measure_cost(engine, names, ns, repeats)
+    table = Table(title=f"scoring cost on {lm.name} (median of {repeats} after a warm-up)")
+    for col in ("method", "length", "prefill s", "scoring s", "scoring / prefill"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.method, str(r.length), f"{r.prefill_s:.3f}", f"{r.score_s:.4f}", f"{r.ratio:.4f}")
+    console.print(table)
+    meta = {"model": lm.name, "fingerprint": lm.fingerprint, "repeats": repeats, "threads": torch.get_num_threads()}
+    err_console.print(f"written to {save_cost(rows, out, meta)}")
 
 
 def main() -> None:

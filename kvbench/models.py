@@ -228,20 +228,3 @@ def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
         h.update(str(getattr(tokenizer, "chat_template", "")).encode())
     return h.hexdigest()
-
-
-def stop_token_ids(tokenizer, model) -> list[int]:
-    """Token ids that end an answer: the tokenizer's eos, the generation config's eos ids, and
-    ``<|im_end|>`` / ``<|endoftext|>`` where the vocabulary has them."""
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for t in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
-        if t is not None:
-            ids.add(int(t))
-    vocab = tokenizer.get_vocab()
-    for special in ("<|im_end|>", "<|endoftext|>"):
-        if special in vocab:
-            ids.add(int(vocab[special]))
-    return sorted(ids)

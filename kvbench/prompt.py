@@ -48,7 +48,7 @@ class Rendered:
         return context_sha256(self.context_ids)
 
 
-def _template_parts(tokenizer) -> tuple[str, str]:
+def template_parts(tokenizer) -> tuple[str, str]:
     """(head, tail) of the chat template around the user content: head + content + tail."""
     if not getattr(tokenizer, "chat_template", None):
         return "", ""
@@ -72,7 +72,7 @@ def render(tokenizer, context: Context, max_length: int | None = None) -> Render
     ``max_new_tokens`` would exceed it, the body's token ids are middle-truncated (first and last halves
     kept, as SCBench does) and ``truncated_from`` records the original context length.
     """
-    head, tail = _template_parts(tokenizer)
+    head, tail = template_parts(tokenizer)
     prefix_ids = _encode(tokenizer, head + context.instruction + "\n")
     body_ids = _encode(tokenizer, context.body)
     question_ids = [_encode(tokenizer, "\n" + q.text + tail + q.answer_prefix) for q in context.questions]

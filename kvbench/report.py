@@ -88,11 +88,20 @@ def _is_random(rows: list[dict]) -> bool:
     return any(r.get("random_weights") for r in rows)
 
 
-def render_markdown(rows: list[dict]) -> str:
-    """The full report as markdown: header, one table per task, a mean-over-tasks table per bench."""
+def missing_lines(rows: list[dict], missing: dict[str, str] | None) -> list[str]:
+    """One line per ``bench/task`` recorded as missing its data and without any row."""
+    have = {f"{r['bench']}/{r['task']}" for r in rows}
+    return [f"- **{name}** missing: {reason}" for name, reason in sorted((missing or {}).items()) if name not in have]
+
+
+def render_markdown(rows: list[dict], missing: dict[str, str] | None = None) -> str:
+    """The full report as markdown: header, missing tasks, one table per task, a mean-over-tasks table per
+    bench. ``missing`` maps ``bench/task`` to the reason its data was unavailable."""
+    lost = missing_lines(rows, missing)
+    lost = ["## Missing tasks", "", *lost, ""] if lost else []
     if not rows:
-        return "# kvbench results\n\nNo results yet.\n"
-    out = ["# kvbench results", "", _counts(rows), *([RANDOM_WARNING] if _is_random(rows) else []), ""]
+        return "\n".join(["# kvbench results", "", "No results yet.", "", *lost])
+    out = ["# kvbench results", "", _counts(rows), *([RANDOM_WARNING] if _is_random(rows) else []), "", *lost]
     tables = _tables(rows)
     if not tables:
         out += ["No comparable results yet.", ""]
@@ -128,9 +137,9 @@ def render_rich(rows: list[dict]) -> list[Table]:
     return out
 
 
-def write_report(rows: list[dict], out_path: Path) -> Path:
+def write_report(rows: list[dict], out_path: Path, missing: dict[str, str] | None = None) -> Path:
     """Write the markdown report to ``out_path`` (parent directories created); return the path."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(render_markdown(rows), encoding="utf-8")
+    out_path.write_text(render_markdown(rows, missing), encoding="utf-8")
     return out_path

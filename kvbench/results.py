@@ -190,6 +190,30 @@ class ResultsStore:
             os.fsync(f.fileno())
         os.replace(tmp, self.manifest_path)
 
+    @property
+    def missing_path(self) -> Path:
+        return self.dir / "missing.json"
+
+    def missing(self) -> dict[str, str]:
+        """Tasks that could not run for lack of data: ``{"bench/task": reason}``."""
+        if not self.missing_path.exists():
+            return {}
+        try:
+            data = json.loads(self.missing_path.read_bytes())
+        except ValueError:
+            raise ResultsError(f"{self.missing_path} is corrupt; delete it (the next run rewrites it)") from None
+        return data if isinstance(data, dict) else {}
+
+    def record_missing(self, bench: str, task: str, reason: str) -> None:
+        """Atomically record that ``bench/task`` is missing its data (shown as missing in reports)."""
+        data = {**self.missing(), f"{bench}/{task}": reason}
+        tmp = self.missing_path.with_name("missing.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.missing_path)
+
     def close(self) -> None:
         """Close the results file; later appends raise."""
         if self._fd is not None:

@@ -22,9 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import kvbench
 from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, MissingDataError
 from kvbench.methods import EvictionMethod, get_method, method_class
-from kvbench.models import LoadedModel, load_model, stop_token_ids
+from kvbench.models import LoadedModel, load_model
 from kvbench.prompt import Rendered, prompt_length, render
 from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
@@ -110,14 +110,21 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     return plan
 
 
-def _contexts(config: RunConfig, lm: LoadedModel) -> Iterator[Context]:
+def _contexts(config: RunConfig, lm: LoadedModel, store: ResultsStore, console: Console) -> Iterator[Context]:
+    """Contexts of this shard; a task whose data is missing is recorded as missing and skipped."""
     bench = get_bench(config.bench)
     measure = prompt_length(lm.tokenizer)
     index = 0
     for task in config.tasks or bench.tasks():
-        for ctx in bench.contexts(
-            task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure
-        ):
+        try:
+            contexts = list(
+                bench.contexts(task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure)
+            )
+        except MissingDataError as exc:
+            store.record_missing(config.bench, task, str(exc))
+            console.print(f"[yellow]{config.bench}/{task} is missing its data: {exc}[/yellow]")
+            continue
+        for ctx in contexts:
             if index % config.shard[1] == config.shard[0]:
                 yield ctx
             index += 1
@@ -179,11 +186,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
             f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]"
         )
     store.write_manifest(manifest_entry(config, lm))
-    engine = TorchEngine(
-        lm.model,
-        stop_token_ids(lm.tokenizer, lm.model),
-        decode=lambda ids: lm.tokenizer.decode(ids, skip_special_tokens=True),
-    )
+    engine = TorchEngine(lm.model, lm.tokenizer)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     n_tasks = len(config.tasks or get_bench(config.bench).tasks())
     total = -(-n_tasks * config.limit // config.shard[1])
@@ -191,7 +194,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
     try:
         with store, Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("contexts", total=total)
-            for ctx in _contexts(config, lm):
+            for ctx in _contexts(config, lm, store, console):
                 progress.update(bar, description=f"{ctx.task} #{ctx.item}")
                 _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1

@@ -42,4 +42,4 @@ def family(request) -> str:
 
 @pytest.fixture
 def engine(family) -> TorchEngine:
-    return TorchEngine(tiny_model(family), stop_ids=())
+    return TorchEngine(tiny_model(family))

@@ -157,6 +157,18 @@ class ParentSession(Session):
             out.append(per_head.view(self.n_kv_heads, -1).max(1).values.mean().item())
         return out
 
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (for methods that build extra prompts), or None."""
+        return None
+
+    @abstractmethod
+    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Feed ``token_ids`` after the full context on a throwaway cache (GDN states restored to the end
+        of the context, positions ``n, n+1, …``); the parent is not changed. Returns, per attention layer
+        ordinal, the probe tokens' post-RoPE queries ``[H, T, D]`` and keys ``[H_kv, T, D]``. Used by
+        methods that run an extra pass (KVzip's reconstruction)."""
+
     @abstractmethod
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> ChildSession:
         """Child keeping ``kept[f][h]`` (sorted context positions) for every layer ordinal and KV head.

@@ -75,13 +75,21 @@ class TorchEngine:
 
     name = "torch"
 
-    def __init__(self, model: torch.nn.Module, stop_ids: Sequence[int] = (), decode=None) -> None:
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, *, stop_ids: Sequence[int] | None = None) -> None:
         if model.config._attn_implementation != ATTN_IMPL:
             model.set_attn_implementation(ATTN_IMPL)
         self.model = model.eval()
+        self.tokenizer = tokenizer
         self.adapter = HybridAdapter(model)
+        if stop_ids is None:
+            stop_ids = stop_token_ids(tokenizer, model) if tokenizer is not None else ()
         self.stop_ids = tuple(stop_ids)
-        self.decode = decode or (lambda ids: " ".join(map(str, ids)))
         text_config = model.config.get_text_config()
         self.n_heads = text_config.num_attention_heads
         self.n_kv_heads = text_config.num_key_value_heads
@@ -156,6 +164,43 @@ class TorchEngine:
             for module in self.adapter.attn:
                 module.kvbench_key_mask = None
 
+    @staticmethod
+    def _working_cache(parent: TorchParent, attn_kv: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+        """A fresh cache: attention layers point at ``attn_kv`` (never written in place: DynamicLayer.update
+        concatenates), GDN layers are deep copies of the parent's end-of-context snapshot."""
+        cache = copy.copy(parent.cache)
+        cache.layers = list(parent.cache.layers)
+        for f, layer_idx in enumerate(parent.attn_layer_ids):
+            layer = copy.copy(parent.cache.layers[layer_idx])
+            layer.keys, layer.values = attn_kv[f]
+            cache.layers[layer_idx] = layer
+        for layer_idx in parent.gdn_layer_ids:
+            cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
+        return cache
+
+    @torch.no_grad()
+    def _probe(self, parent: TorchParent, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_attention()
+        if len(token_ids) == 0:
+            raise KvbenchError("empty probe: nothing to feed after the context")
+        cache = self._working_cache(parent, parent._full_kv())
+        sink = _QuerySink(len(self.adapter.attn))
+        for f, module in enumerate(self.adapter.attn):
+            module.kvbench_query_sink = (sink, f)
+        try:
+            T = len(token_ids)
+            self.model(
+                input_ids=torch.tensor([list(token_ids)], device=self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                position_ids=torch.arange(parent.n, parent.n + T, device=self.device)[None],
+            )
+        finally:
+            for module in self.adapter.attn:
+                module.kvbench_query_sink = None
+        return [(sink.queries[f], cache.layers[i].keys[0, :, -T:]) for f, i in enumerate(parent.attn_layer_ids)]
+
     @torch.no_grad()
     def _answer(
         self,
@@ -171,14 +216,7 @@ class TorchEngine:
             raise KvbenchError("empty question: nothing to feed after the context")
         self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
-        cache = copy.copy(parent.cache)
-        cache.layers = list(parent.cache.layers)
-        for f, layer_idx in enumerate(parent.attn_layer_ids):
-            layer = copy.copy(parent.cache.layers[layer_idx])
-            layer.keys, layer.values = attn_kv[f]
-            cache.layers[layer_idx] = layer
-        for layer_idx in parent.gdn_layer_ids:
-            cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
+        cache = self._working_cache(parent, attn_kv)
         device = self.device
         pos = parent.n
         start = time.perf_counter()
@@ -222,6 +260,16 @@ class TorchEngine:
             seconds=seconds,
             step_logits=torch.stack(logits) if return_logits and logits else None,
         )
+
+
+class _QuerySink:
+    """Receives every query an attention layer computes (``kvbench_sdpa`` calls ``record_queries``)."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.queries: list[torch.Tensor | None] = [None] * n_layers
+
+    def record_queries(self, f: int, query: torch.Tensor) -> None:
+        self.queries[f] = query.detach()[0]
 
 
 class TorchParent(ParentSession):
@@ -288,6 +336,14 @@ class TorchParent(ParentSession):
         return self.engine._answer(
             self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits
         )
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_live()
+        return self.engine._probe(self, token_ids)
 
     def _validate(self, kept: Sequence[Sequence[torch.Tensor]]) -> None:
         if len(kept) != self.n_attn_layers:
@@ -390,6 +446,23 @@ class TorchChild(ChildSession):
     def release(self) -> None:
         self._released = True
         self.layers = self.masks = None
+
+
+def stop_token_ids(tokenizer, model) -> list[int]:
+    """Token ids that end an answer: the tokenizer's eos, the generation config's eos ids, and
+    ``<|im_end|>`` / ``<|endoftext|>`` where the vocabulary has them."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for t in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+        if t is not None:
+            ids.add(int(t))
+    vocab = tokenizer.get_vocab()
+    for special in ("<|im_end|>", "<|endoftext|>"):
+        if special in vocab:
+            ids.add(int(vocab[special]))
+    return sorted(ids)
 
 
 def _check_sha(expected: str, given: str) -> None:

@@ -1,0 +1,62 @@
+"""Prompt rendering: query-agnostic split through the chat template, protected prefix, middle truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.models import byte_tokenizer
+from kvbench.prompt import render
+from kvbench.tasks import Context, Question
+
+
+def _ctx(body: str, instruction: str = "Read this.", questions=None) -> Context:
+    questions = questions or (Question("0", "What is x?", "Answer:", 16, ("1",), ("string_match_all",)),)
+    return Context("b", "t", "0", instruction, body, tuple(questions))
+
+
+def test_pieces_concatenate_to_the_full_chat_prompt():
+    tok = byte_tokenizer()
+    ctx = _ctx("alpha beta gamma")
+    r = render(tok, ctx)
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": "Read this.\nalpha beta gamma\nWhat is x?"}], tokenize=False, add_generation_prompt=True
+    )
+    expected = tok(full + "Answer:", add_special_tokens=False)["input_ids"]
+    assert r.prefix_ids + r.body_ids + r.question_ids[0] == expected
+    assert tok.decode(r.prefix_ids) == "<|im_start|>user\nRead this.\n"
+    assert r.prot == len(r.prefix_ids) and r.truncated_from is None
+
+
+def test_protected_prefix_is_capped_at_256():
+    r = render(byte_tokenizer(), _ctx("body", instruction="x" * 400))
+    assert len(r.prefix_ids) > 256 and r.prot == 256
+
+
+def test_middle_truncation_keeps_first_and_last_halves():
+    tok = byte_tokenizer()
+    body = "".join(chr(ord("a") + i % 26) for i in range(1000))
+    ctx = _ctx(body)
+    full = render(tok, ctx)
+    limit = 600
+    r = render(tok, ctx, max_length=limit)
+    need = len(r.question_ids[0]) + 16
+    room = limit - len(r.prefix_ids) - need
+    assert r.truncated_from == len(full.context_ids)
+    assert len(r.body_ids) == room
+    assert r.body_ids == full.body_ids[: room // 2] + full.body_ids[-(room - room // 2) :]
+    assert len(r.context_ids) + need == limit
+
+
+def test_contexts_that_cannot_fit_are_an_error():
+    with pytest.raises(KvbenchError, match="instruction and questions alone"):
+        render(byte_tokenizer(), _ctx("body", instruction="y" * 300), max_length=200)
+    with pytest.raises(KvbenchError, match="empty context body"):
+        render(byte_tokenizer(), _ctx(""))
+
+
+def test_tokenizer_without_chat_template_gets_plain_text():
+    tok = byte_tokenizer()
+    tok.chat_template = None
+    r = render(tok, _ctx("body"))
+    assert tok.decode(r.prefix_ids + r.body_ids + r.question_ids[0]) == "Read this.\nbody\nWhat is x?Answer:"
