@@ -24,7 +24,7 @@ from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, MissingDataError
 from kvbench.methods import EvictionMethod, get_method, method_class
-from kvbench.models import LoadedModel, load_model
+from kvbench.models import LoadedModel, cache_dir, load_model
 from kvbench.prompt import Rendered, prompt_length, render
 from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
@@ -113,6 +113,7 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
 def _contexts(config: RunConfig, lm: LoadedModel, store: ResultsStore, console: Console) -> Iterator[Context]:
     """Contexts of this shard; a task whose data is missing is recorded as missing and skipped."""
     bench = get_bench(config.bench)
+    bench.cache_dir = cache_dir() / bench.name
     measure = prompt_length(lm.tokenizer)
     index = 0
     for task in config.tasks or bench.tasks():

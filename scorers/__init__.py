@@ -22,7 +22,7 @@ class UnknownScorerError(KeyError):
 
 
 _SCORERS: dict[str, Scorer] = {}
-_BUILTIN_MODULES = ("kvbench.scorers.ruler",)
+_BUILTIN_MODULES = ("kvbench.scorers.ruler", "kvbench.scorers.scbench")
 
 
 def register_scorer(name: str) -> Callable[[Scorer], Scorer]:

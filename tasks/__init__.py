@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from kvbench.errors import KvbenchError
@@ -88,6 +89,9 @@ class Bench(ABC):
 
     name: str = ""
     description: str = ""
+    #: Where a generated bench may cache its contexts (None: no cache). The runner points it at
+    #: ``$KVBENCH_CACHE/<bench name>``; cached items must be re-validated or keyed so they cannot go stale.
+    cache_dir: Path | str | None = None
 
     @abstractmethod
     def tasks(self) -> list[str]:
@@ -106,7 +110,7 @@ class UnknownBenchError(KvbenchError):
 
 
 _BENCHES: dict[str, type[Bench]] = {}
-_BUILTIN_MODULES = ("kvbench.tasks.needle",)
+_BUILTIN_MODULES = ("kvbench.tasks.needle", "kvbench.tasks.ruler", "kvbench.tasks.scbench")
 
 
 def register_bench(cls: type[Bench]) -> type[Bench]:

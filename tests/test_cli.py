@@ -190,3 +190,32 @@ def test_random_method_is_seeded_per_context():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=False))
     Parent.sha256 = "cd" * 32
     assert not torch.equal(get_method("random", seed=1).score(Parent())[0], a[0])
+
+
+def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
+    from kvbench.errors import MissingDataError
+    from kvbench.tasks import Bench, register_bench
+    from kvbench.tasks.needle import NeedleBench
+
+    @register_bench
+    class HalfMissing(Bench):
+        name = "test-half-missing"
+
+        def tasks(self):
+            return ["present", "absent"]
+
+        def contexts(self, task, *, length, limit, seed, prompt_length):
+            if task == "absent":
+                raise MissingDataError("ruler/absent.json not found; set --data-dir")
+            for ctx in NeedleBench().contexts("niah_single_1", length=length, limit=limit, seed=seed,
+                                              prompt_length=prompt_length):
+                yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
+
+    out = tmp_path / "m"
+    assert kvbench("run", "--bench", "test-half-missing", "--method", "full", "--limit", "1",
+                   "--length", LENGTH, "--out", str(out)) == 0
+    assert {r["task"] for r in read_rows(out)} == {"present"}
+    assert kvbench("report", "--results", str(out)) == 0
+    report = (out / "report.md").read_text()
+    assert "test-half-missing/absent** missing: ruler/absent.json not found" in report
+    assert "absent" in capsys.readouterr().out
