@@ -46,26 +46,18 @@ def parse_ps(text: str) -> list[float]:
 def run(
     method: str = typer.Option("full,random", "--method", "-m", help="Method name(s), comma separated."),
     bench: str = typer.Option("needle", "--bench", "-b", help="Benchmark name."),
-    task: Optional[str] = typer.Option(
-        None, "--task", "-t", help="Task name(s), comma separated (default: all)."
-    ),
-    p: str = typer.Option(
-        "all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."
-    ),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name(s), comma separated (default: all)."),
+    p: str = typer.Option("all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."),
     allocation: Optional[str] = typer.Option(
         None,
         "--allocation",
         "-a",
         help="flat|pyramid|gate|global, comma separated (default: each method's own).",
     ),
-    model: str = typer.Option(
-        "tiny-random", "--model", help="Built-in model name, local directory or hub id."
-    ),
+    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
     engine: str = typer.Option("torch", "--engine", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
-    length: int = typer.Option(
-        4096, "--length", help="Target prompt length in tokens for generated benches."
-    ),
+    length: int = typer.Option(4096, "--length", help="Target prompt length in tokens for generated benches."),
     seed: int = typer.Option(42, "--seed", help="Data and method seed."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
@@ -149,12 +141,8 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
 
 @app.command()
 def report(
-    results: Path = typer.Option(
-        Path("results/default"), "--results", "-r", help="Results directory of a run."
-    ),
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Markdown file (default: <results>/report.md)."
-    ),
+    results: Path = typer.Option(Path("results/default"), "--results", "-r", help="Results directory of a run."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Markdown file (default: <results>/report.md)."),
 ) -> None:
     """Per-task table (method × p, mean primary score) printed and written as markdown."""
     from kvbench.report import missing_lines, render_rich, write_report
@@ -219,6 +207,46 @@ def cost(
     console.print(table)
     meta = {"model": lm.name, "fingerprint": lm.fingerprint, "repeats": repeats, "threads": torch.get_num_threads()}
     err_console.print(f"written to {save_cost(rows, out, meta)}")
+
+
+class Calibratable(str, Enum):
+    triattention = "triattention"
+
+
+@app.command()
+def calibrate(
+    method: Calibratable = typer.Argument(..., help="Method to calibrate (triattention)."),
+    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    corpus: Path = typer.Option(..., "--corpus", help="Text corpus: a file or directory of .txt/.md/.jsonl/.json."),
+    max_tokens: int = typer.Option(32768, "--max-tokens", help="Calibration tokens in total."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Artifact path (default: the model's slot under $KVBENCH_CACHE/calibration)."
+    ),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: Optional[str] = typer.Option(None, "--dtype"),
+) -> None:
+    """Offline calibration: TriAttention's per-head query statistics for a model."""
+    from kvbench.corpus import read_corpus
+    from kvbench.methods import triattention
+    from kvbench.models import load_model
+
+    texts = [doc.text for doc in read_corpus(corpus)]
+    lm = load_model(model, device=device, dtype=dtype)
+    stats = triattention.calibrate(lm.model, lm.tokenizer, texts, max_tokens=max_tokens, fingerprint=lm.fingerprint)
+    path = stats.save_stats(out or triattention.default_stats_path(lm.fingerprint))
+    err_console.print(
+        f"calibrated {method.value} on {stats.metadata['n_tokens']} tokens of {stats.metadata['n_documents']} "
+        f"documents for {lm.name} -> {path}"
+    )
+
+
+def _mount_subcommands() -> None:
+    from kvbench.methods.gatesight.cli import app as gatesight_app
+
+    app.add_typer(gatesight_app, name="gatesight", help="GateSight: utility labels, estimator training, evaluation.")
+
+
+_mount_subcommands()
 
 
 def main() -> None:

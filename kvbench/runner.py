@@ -187,7 +187,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
             f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]"
         )
     store.write_manifest(manifest_entry(config, lm))
-    engine = TorchEngine(lm.model, lm.tokenizer)
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     n_tasks = len(config.tasks or get_bench(config.bench).tasks())
     total = -(-n_tasks * config.limit // config.shard[1])

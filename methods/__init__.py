@@ -67,7 +67,9 @@ class EvictionMethod(ABC):
         """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
         return parent.gate_means()
 
-    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
+    def select(
+        self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str
+    ) -> budgets.Kept:
         """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
         n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
         k = budgets.per_head_budget(n, prot, p)
@@ -79,7 +81,15 @@ class EvictionMethod(ABC):
 
 
 _METHODS: dict[str, type[EvictionMethod]] = {}
-_BUILTIN_MODULES = ("kvbench.methods.full", "kvbench.methods.random_method")
+_BUILTIN_MODULES = (
+    "kvbench.methods.full",
+    "kvbench.methods.random_method",
+    "kvbench.methods.snapkv",
+    "kvbench.methods.keydiff",
+    "kvbench.methods.triattention",
+    "kvbench.methods.kvzip",
+    "kvbench.methods.gatesight",
+)
 _loaded = False
 
 
@@ -93,7 +103,9 @@ def register_method(cls: type[EvictionMethod]) -> type[EvictionMethod]:
         raise ValueError(f"method {cls.name!r} is already registered by {_METHODS[cls.name].__qualname__}")
     unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
     if unknown or cls.default_allocation not in cls.allocations:
-        raise ValueError(f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}")
+        raise ValueError(
+            f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}"
+        )
     _METHODS[cls.name] = cls
     return cls
 
@@ -109,7 +121,9 @@ def _load() -> None:
         try:
             cls = ep.load()
         except Exception as exc:  # a broken plugin must not hide the built-ins, but must be visible
-            raise KvbenchError(f"the kvbench.methods entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            raise KvbenchError(
+                f"the kvbench.methods entry point {ep.name!r} ({ep.value}) failed to load: {exc}"
+            ) from exc
         if getattr(cls, "name", None) not in _METHODS:
             register_method(cls)
 

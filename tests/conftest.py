@@ -43,3 +43,12 @@ def family(request) -> str:
 @pytest.fixture
 def engine(family) -> TorchEngine:
     return TorchEngine(tiny_model(family))
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tests made of many small ops (oversubscription on small shared machines)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,7 +17,11 @@ from tests.conftest import tiny_model
 def test_chunk_attention_max_against_explicit_softmax():
     g = torch.Generator().manual_seed(0)
     H, H_kv, n, T, D = 4, 2, 7, 3, 5
-    q, kc, kp = torch.randn(H, T, D, generator=g), torch.randn(H_kv, n, D, generator=g), torch.randn(H_kv, T, D, generator=g)
+    q, kc, kp = (
+        torch.randn(H, T, D, generator=g),
+        torch.randn(H_kv, n, D, generator=g),
+        torch.randn(H_kv, T, D, generator=g),
+    )
     got = chunk_attention_max(q, kc, kp, 0.3, block_elems=H * (n + T))  # one query row per block
     expected = torch.zeros(H_kv, n)
     for h in range(H):
@@ -68,7 +72,7 @@ def test_kvzip_scores_equal_eager_attention_of_the_reconstruction_forward():
                 output_attentions=True,
                 position_ids=torch.arange(90, 90 + len(probe))[None],
             )
-            for f, layer_idx in enumerate(attn_ids):
+            for f in range(len(attn_ids)):
                 weights = out.attentions[f][0]  # [H, T, n + T]; one entry per attention layer
                 per_kv = weights[:, :, :90].amax(1).view(parent.n_kv_heads, -1, 90).amax(1)
                 expected[f][:, start:end] = per_kv[:, start:end]

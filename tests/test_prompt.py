@@ -20,7 +20,9 @@ def test_pieces_concatenate_to_the_full_chat_prompt():
     ctx = _ctx("alpha beta gamma")
     r = render(tok, ctx)
     full = tok.apply_chat_template(
-        [{"role": "user", "content": "Read this.\nalpha beta gamma\nWhat is x?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "Read this.\nalpha beta gamma\nWhat is x?"}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     expected = tok(full + "Answer:", add_special_tokens=False)["input_ids"]
     assert r.prefix_ids + r.body_ids + r.question_ids[0] == expected

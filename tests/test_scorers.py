@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from kvbench.scorers import UnknownScorerError, get_scorer, list_scorers, register_scorer, score
-from kvbench.scorers.ruler import postprocess_pred, string_match_all, string_match_part
 
 from kvbench import scorers
+from kvbench.scorers import UnknownScorerError, get_scorer, list_scorers, register_scorer, score
+from kvbench.scorers.ruler import postprocess_pred, string_match_all, string_match_part
 
 
 def test_builtins_imported_lazily_on_first_lookup():

@@ -162,6 +162,12 @@ class ParentSession(Session):
         """The model's tokenizer (for methods that build extra prompts), or None."""
         return None
 
+    @property
+    def model_fingerprint(self) -> str | None:
+        """The model's :func:`kvbench.models.fingerprint`, for methods whose offline artifacts must match
+        the model; None when the engine does not know it."""
+        return None
+
     @abstractmethod
     def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Feed ``token_ids`` after the full context on a throwaway cache (GDN states restored to the end

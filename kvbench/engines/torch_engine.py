@@ -81,11 +81,19 @@ class TorchEngine:
             return " ".join(map(str, token_ids))
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, *, stop_ids: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer=None,
+        *,
+        stop_ids: Sequence[int] | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
         if model.config._attn_implementation != ATTN_IMPL:
             model.set_attn_implementation(ATTN_IMPL)
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self._fingerprint = fingerprint
         self.adapter = HybridAdapter(model)
         if stop_ids is None:
             stop_ids = stop_token_ids(tokenizer, model) if tokenizer is not None else ()
@@ -96,6 +104,15 @@ class TorchEngine:
         self.head_dim = self.adapter.attn[0].head_dim
         self.max_context = int(text_config.max_position_embeddings)
         self._sessions: dict[str, TorchParent | TorchChild] = {}
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`kvbench.models.fingerprint` of the model and tokenizer (computed once, unless given)."""
+        if self._fingerprint is None:
+            from kvbench.models import fingerprint
+
+            self._fingerprint = fingerprint(self.model, self.tokenizer)
+        return self._fingerprint
 
     @property
     def device(self) -> torch.device:
@@ -340,6 +357,10 @@ class TorchParent(ParentSession):
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def model_fingerprint(self) -> str:
+        return self.engine.fingerprint
 
     def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         self._check_live()

@@ -1,0 +1,132 @@
+"""The ``gatesight`` eviction method: learned future-utility scores from the native GDN signals.
+
+Scores: per attention layer, the per-(layer, KV head) MLPs of the trained artifact applied to the window
+features of every context entry (one matrix product per layer, linear in ``n``; no attention score, no extra
+pass). Returned as logits, a strictly monotone map of the predicted utility ``sigmoid(logit)``: every
+allocation (including ``global``) selects the same entries as with the probabilities, and logits never
+saturate into ties. Default allocation ``gate``, with the artifact's calibrated gate means (measured on the
+label corpus) as the per-layer weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from kvbench.engines.base import ParentSession
+from kvbench.errors import KvbenchError
+from kvbench.methods import EvictionMethod, register_method
+
+from .estimator import ARTIFACT_ENV, PRODUCE_COMMAND, GateSightEstimator, default_artifact_dir, load_artifact
+
+__all__ = ["GateSight"]
+
+
+@register_method
+class GateSight(EvictionMethod):
+    """GateSight (paper §4): per-head MLPs over the native GDN signals decide which entries each layer keeps;
+    the attention output gate decides how many (``gate`` allocation).
+
+    Artifact lookup, first match wins: ``artifact`` (constructor argument or class/instance attribute), the
+    environment variable ``KVBENCH_GATESIGHT_ARTIFACT``, then ``$KVBENCH_CACHE/calibration/gatesight/
+    <fingerprint[:16]>/``. The model fingerprint is ``fingerprint`` (argument/attribute) or derived from
+    ``parent.engine.model`` and ``parent.tokenizer``; whenever it is known it must equal the artifact's. Absence,
+    a fingerprint mismatch or a shape mismatch (layers, KV heads, GDN layout, value heads) is a
+    :class:`KvbenchError` naming ``kvbench gatesight label … && kvbench gatesight train …``.
+    """
+
+    name = "gatesight"
+    default_allocation = "gate"
+    artifact: str | os.PathLike | None = None
+    fingerprint: str | None = None
+
+    def __init__(self, seed: int = 0, artifact: str | os.PathLike | None = None, fingerprint: str | None = None):
+        super().__init__(seed)
+        if artifact is not None:
+            self.artifact = artifact
+        if fingerprint is not None:
+            self.fingerprint = fingerprint
+        self._cache: tuple[tuple, GateSightEstimator] | None = None
+        self._derived: tuple[tuple, str] | None = None
+
+    def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
+        if self.fingerprint:
+            return self.fingerprint
+        model = getattr(getattr(parent, "engine", None), "model", None)
+        tokenizer = getattr(parent, "tokenizer", None)
+        if model is None or tokenizer is None:
+            return None
+        key = (id(model), id(tokenizer))
+        if self._derived is None or self._derived[0] != key:
+            from kvbench.models import fingerprint
+
+            self._derived = (key, fingerprint(model, tokenizer))
+        return self._derived[1]
+
+    def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
+        if self.artifact is not None:
+            return Path(self.artifact)
+        env = os.environ.get(ARTIFACT_ENV)
+        if env:
+            return Path(env)
+        fp = self.model_fingerprint(parent)
+        if fp:
+            return default_artifact_dir(fp)
+        raise KvbenchError(
+            "GateSight cannot locate its artifact: no `artifact` is set, $" + ARTIFACT_ENV + " is unset and the "
+            "model fingerprint is unknown (set `fingerprint`, or use an engine whose parent exposes its model and "
+            f"tokenizer); produce one with `{PRODUCE_COMMAND}`"
+        )
+
+    def load(self, parent: ParentSession | None = None) -> GateSightEstimator:
+        """The artifact for ``parent``'s model (loaded once per path, fingerprint and device), shape-checked."""
+        path = self.resolve_artifact(parent)
+        fp = self.model_fingerprint(parent)
+        device = None
+        if parent is not None:
+            device = parent.keys(0).device if parent.n_attn_layers else None
+        key = (str(path), fp, str(device))
+        if self._cache is None or self._cache[0] != key:
+            est = load_artifact(path, fp)
+            if device is not None:
+                est = est.to(device)
+            self._cache = (key, est)
+        est = self._cache[1]
+        if parent is not None:
+            self._check(est, parent, path)
+        return est
+
+    @staticmethod
+    def _check(est: GateSightEstimator, parent: ParentSession, path: Path) -> None:
+        meta = est.metadata
+        problems = []
+        if est.n_layers != parent.n_attn_layers:
+            problems.append(f"{est.n_layers} attention layers (model: {parent.n_attn_layers})")
+        if est.n_kv_heads != parent.n_kv_heads:
+            problems.append(f"{est.n_kv_heads} KV heads (model: {parent.n_kv_heads})")
+        if list(meta.get("attn_layer_ids", parent.attn_layer_ids)) != list(parent.attn_layer_ids):
+            problems.append(f"attention layers {meta.get('attn_layer_ids')} (model: {parent.attn_layer_ids})")
+        if list(meta.get("gdn_layer_ids", parent.gdn_layer_ids)) != list(parent.gdn_layer_ids):
+            problems.append(f"GDN layers {meta.get('gdn_layer_ids')} (model: {parent.gdn_layer_ids})")
+        signals = parent.signals()
+        hv = signals.beta[0].shape[-1] if signals.beta else 0
+        if est.n_value_heads != hv:
+            problems.append(f"{est.n_value_heads} GDN value heads (model: {hv})")
+        if any(o >= len(signals.beta) for w in est.windows for o in w):
+            problems.append("windows reading GDN layers the model does not have")
+        if problems:
+            raise KvbenchError(
+                f"the GateSight artifact at {path} does not fit this model: it has {'; '.join(problems)}; train one "
+                f"for this model with `{PRODUCE_COMMAND}`"
+            )
+
+    def score(self, parent: ParentSession) -> list[torch.Tensor]:
+        est = self.load(parent)
+        s = parent.signals()
+        return est.score_signals(s.beta, s.g, s.vnorm, parent.n)
+
+    def gate_means(self, parent: ParentSession) -> list[float]:
+        """The artifact's calibrated per-layer gate means (measured on the label corpus), not the context's."""
+        return [float(x) for x in self.load(parent).gate_means.tolist()]

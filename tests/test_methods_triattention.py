@@ -1,0 +1,265 @@
+"""TriAttention against a direct sum over future offsets of (explicitly rotated centre query) · key, and
+its calibration against an independent RoPE inversion with the model's own rotary embedding."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kvbench.errors import KvbenchError
+from kvbench.methods import get_method
+from kvbench.methods.triattention import (
+    TriAttention,
+    TriAttentionStats,
+    calibrate,
+    default_stats_path,
+    geometric_offsets,
+    load_stats,
+    trig_scores,
+)
+from tests.conftest import tiny_model
+from tests.fakes import FakeParent
+
+THETA = 10000.0
+
+
+def pairs(D: int, R: int) -> list[tuple[int, int]]:
+    """(real dim, imaginary dim) of each band: rotated (i, i+R/2), then pass-through (R+j, R+P/2+j)."""
+    P = D - R
+    return [(i, i + R // 2) for i in range(R // 2)] + [(R + j, R + P // 2 + j) for j in range(P // 2)]
+
+
+def rope(x: list[float], t: int, R: int) -> list[float]:
+    """HF rotate_half RoPE at position t on the first R dims (float64), pass-through dims unchanged."""
+    y = list(x)
+    for i in range(R // 2):
+        a = t * (1.0 / THETA ** (2 * i / R))
+        c, s = math.cos(a), math.sin(a)
+        y[i] = x[i] * c - x[i + R // 2] * s
+        y[i + R // 2] = x[i + R // 2] * c + x[i] * s
+    return y
+
+
+def brute_force(keys, q_re, q_im, q_abs, R, round_start, offsets, aggregation="mean", mlr=True):
+    """[H, n] float64: aggregate over o of (centre query rotated to round_start + o) · key, + MLR."""
+    H_kv, n, D = keys.shape
+    H = q_re.shape[0]
+    G = H // H_kv
+    bands = pairs(D, R)
+    out = torch.zeros(H, n, dtype=torch.float64)
+    for h in range(H):
+        centre = [0.0] * D
+        for b, (re, im) in enumerate(bands):
+            centre[re], centre[im] = float(q_re[h, b]), float(q_im[h, b])
+        rotated = [rope(centre, round_start + o, R) for o in offsets]
+        for p in range(n):
+            k = keys[h // G, p].double().tolist()
+            logits = [sum(qd * kd for qd, kd in zip(q, k, strict=True)) for q in rotated]
+            value = sum(logits) / len(logits) if aggregation == "mean" else max(logits)
+            if mlr:
+                for b, (re, im) in enumerate(bands):
+                    spread = float(q_abs[h, b]) - math.hypot(float(q_re[h, b]), float(q_im[h, b]))
+                    value += spread * math.hypot(k[re], k[im])
+            out[h, p] = value
+    return out
+
+
+def random_stats(L, H, D, R, seed=0, fingerprint="f" * 64) -> TriAttentionStats:
+    g = torch.Generator().manual_seed(seed)
+    B = D // 2
+    q_re, q_im = torch.randn(L, H, B, generator=g), torch.randn(L, H, B, generator=g)
+    q_abs = torch.complex(q_re, q_im).abs() + torch.rand(L, H, B, generator=g)  # E|q| >= |E q|
+    omega = torch.zeros(B, dtype=torch.float64)
+    omega[: R // 2] = 1.0 / THETA ** (torch.arange(0, R, 2, dtype=torch.float64) / R)
+    meta = {"fingerprint": fingerprint, "head_dim": D, "rotary_dim": R, "n_attn_layers": L, "n_heads": H}
+    return TriAttentionStats(q_re, q_im, q_abs, omega, meta)
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "max"])
+@pytest.mark.parametrize("round_start", [25, 3000])
+def test_trig_scores_match_direct_sum(aggregation, round_start):
+    H, H_kv, D, R, n = 4, 2, 12, 4, 25  # 2 rotated bands, 4 zero-frequency bands
+    stats = random_stats(1, H, D, R)
+    keys = torch.randn(H_kv, n, D, generator=torch.Generator().manual_seed(1))
+    offsets = geometric_offsets(65536)
+    args = (stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0])
+    got = trig_scores(keys, *args, stats.omega, R, round_start=round_start, offsets=offsets, aggregation=aggregation)
+    want = brute_force(keys, *args, R, round_start, offsets, aggregation)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    no_mlr = trig_scores(
+        keys, *args, stats.omega, R, round_start=round_start, offsets=offsets, mlr=False, aggregation=aggregation
+    )
+    torch.testing.assert_close(
+        no_mlr.double(), brute_force(keys, *args, R, round_start, offsets, aggregation, False), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_zero_frequency_bands_are_position_independent():
+    """A key living only in the pass-through dims scores its plain dot product with the centre, whatever
+    its position; a rotated-only key does not."""
+    H, D, R, n = 1, 8, 4, 6
+    stats = random_stats(1, H, D, R, seed=2)
+    key = torch.randn(D, generator=torch.Generator().manual_seed(3))
+    key[:R] = 0
+    keys = key.expand(1, n, D).clone()
+    s = trig_scores(
+        keys, stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0], stats.omega, R, round_start=n, mlr=False
+    )
+    centre = torch.zeros(D)
+    for b, (re, im) in enumerate(pairs(D, R)):
+        centre[re], centre[im] = stats.q_mean_re[0, 0, b], stats.q_mean_im[0, 0, b]
+    torch.testing.assert_close(s[0], (centre @ key).expand(n), rtol=1e-5, atol=1e-5)
+    keys = torch.randn(1, n, D, generator=torch.Generator().manual_seed(4))
+    keys[..., R:] = 0
+    s = trig_scores(
+        keys, stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0], stats.omega, R, round_start=n, mlr=False
+    )
+    assert float(s.std()) > 1e-3
+
+
+def test_method_zscores_and_takes_group_max(tmp_path):
+    L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
+    stats = random_stats(L, H, D, R, seed=5)
+    path = stats.save_stats(tmp_path / "stats.safetensors")
+    g = torch.Generator().manual_seed(6)
+    parent = FakeParent([torch.randn(H_kv, n, D, generator=g) for _ in range(L)], n_heads=H, prot=prot)
+    method = TriAttention(stats_path=path)
+    got = method.score(parent)
+    for f in range(L):
+        raw = brute_force(
+            parent.keys(f), stats.q_mean_re[f], stats.q_mean_im[f], stats.q_abs_mean[f], R, n, geometric_offsets(65536)
+        )
+        body = raw[:, prot:]
+        z = (raw - body.mean(1, keepdim=True)) / body.std(1, unbiased=False, keepdim=True)
+        want = torch.stack([torch.maximum(z[2 * k], z[2 * k + 1]) for k in range(H_kv)])
+        torch.testing.assert_close(got[f].double(), want, rtol=1e-4, atol=1e-4)
+    # the same statistics in memory give the same scores; a known, different fingerprint is refused
+    in_memory = TriAttention(stats=stats).score(parent)
+    assert all(torch.equal(a, b) for a, b in zip(in_memory, got, strict=True))
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        TriAttention(stats=stats, fingerprint="0" * 64).score(parent)
+
+
+def test_artifact_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    parent = FakeParent([torch.randn(2, 10, 12)], n_heads=4)
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        TriAttention(fingerprint="a" * 64).score(parent)  # no artifact at the default path
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        TriAttention().score(parent)  # nothing to locate it with
+    stats = random_stats(1, 4, 12, 4, fingerprint="b" * 64)
+    stats.save_stats(default_stats_path("b" * 64))
+    assert default_stats_path("b" * 64) == tmp_path / "calibration" / "triattention" / ("b" * 16 + ".safetensors")
+    TriAttention(fingerprint="b" * 64).score(parent)  # found at the default path
+    with pytest.raises(KvbenchError, match="heads"):
+        TriAttention(fingerprint="b" * 64).score(FakeParent([torch.randn(2, 10, 12)], n_heads=2))
+    bad = tmp_path / "junk.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        load_stats(bad, None)
+
+
+def _queries_unrotated_by_hf(model, engine, ids):
+    """Prefill, then undo RoPE with the model's own rotary embedding and rotate_half: [L, H, n, D]."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import rotate_half
+
+    parent = engine.prefill(ids, prot=0, query_window=len(ids))
+    try:
+        x = torch.zeros(1, len(ids), engine.head_dim)
+        cos, sin = model.model.rotary_emb(x, torch.arange(len(ids))[None])  # [1, n, R]
+        R = cos.shape[-1]
+        out = []
+        for f in range(parent.n_attn_layers):
+            q = parent.queries(f, range(len(ids))).double()
+            rot = q[..., :R]
+            unrot = rot * cos[0].double() - rotate_half(rot) * sin[0].double()  # inverse rotation
+            out.append(torch.cat([unrot, q[..., R:]], dim=-1))
+        return torch.stack(out), R
+    finally:
+        parent.release()
+
+
+def test_calibrate_on_tiny_model_round_trip_and_fingerprint(tmp_path, monkeypatch):
+    from kvbench.engines.torch_engine import TorchEngine
+    from kvbench.models import byte_tokenizer, fingerprint
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    model, tok = tiny_model("qwen3_next"), byte_tokenizer()
+    g = torch.Generator().manual_seed(7)
+    docs = [torch.randint(0, 256, (40,), generator=g).tolist(), torch.randint(0, 256, (30,), generator=g).tolist()]
+    fp = fingerprint(model, tok)
+    stats = calibrate(model, tok, docs, max_tokens=60)
+    assert stats.fingerprint == fp
+    assert (stats.metadata["n_tokens"], stats.metadata["n_documents"], stats.rotary_dim) == (60, 2, 16)
+    assert stats.q_mean_re.shape == (3, 4, 32)
+
+    # independent statistics: HF's own inverse rotation, bands paired explicitly
+    engine = TorchEngine(model, tok)
+    q1, R = _queries_unrotated_by_hf(model, engine, docs[0])
+    q2, _ = _queries_unrotated_by_hf(model, engine, docs[1][:20])
+    q = torch.cat([q1, q2], dim=2)  # [L, H, 60, D]
+    bands = pairs(64, R)
+    re = torch.stack([q[..., a] for a, _ in bands], dim=-1)
+    im = torch.stack([q[..., b] for _, b in bands], dim=-1)
+    torch.testing.assert_close(stats.q_mean_re.double(), re.mean(2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stats.q_mean_im.double(), im.mean(2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stats.q_abs_mean.double(), torch.hypot(re, im).mean(2), rtol=1e-4, atol=1e-5)
+
+    # round trip through the default artifact location, json sidecar included
+    path = stats.save_stats(default_stats_path(fp))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["fingerprint"] == fp and meta["rotary_dim"] == 16
+    loaded = load_stats(path, fp)
+    for name in ("q_mean_re", "q_mean_im", "q_abs_mean", "omega"):
+        assert torch.equal(getattr(loaded, name), getattr(stats, name))
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        load_stats(path, "0" * 64)
+    with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
+        TriAttention(stats_path=path, fingerprint="0" * 64).load()
+
+    # the calibrated centre, rotated by HF to future positions, scores the real cached keys as trig_scores
+    ids = torch.randint(0, 256, (50,), generator=g).tolist()
+    parent = engine.prefill(ids, prot=2, query_window=0)
+    try:
+        method = get_method("triattention")
+        method.fingerprint = fp
+        scores = method.score(parent)
+        assert [s.shape for s in scores] == [(2, 50)] * 3
+        assert all(bool(torch.isfinite(s).all()) for s in scores)
+        # without `fingerprint`, it is the parent's (the engine's model and tokenizer)
+        assert parent.model_fingerprint == fp
+        derived = get_method("triattention")
+        assert derived.resolve_stats_path(parent) == path
+        for a, b in zip(derived.score(parent), scores, strict=True):
+            assert torch.equal(a, b)
+
+        from transformers.models.qwen3_next.modeling_qwen3_next import apply_rotary_pos_emb
+
+        f, h = 1, 3
+        centre = torch.zeros(64, dtype=torch.float64)
+        for b, (a, c) in enumerate(bands):
+            centre[a], centre[c] = stats.q_mean_re[f, h, b], stats.q_mean_im[f, h, b]
+        offsets = geometric_offsets(1024)
+        pos = torch.tensor([[50 + o for o in offsets]])
+        cos, sin = model.model.rotary_emb(torch.zeros(1, len(offsets), 64, dtype=torch.float64), pos)
+        rotated, _ = apply_rotary_pos_emb(
+            centre.expand(1, 1, len(offsets), 64), centre.expand(1, 1, len(offsets), 64), cos.double(), sin.double()
+        )
+        want = (rotated[0, 0] @ parent.keys(f)[h // 2].double().T).mean(0)  # [50]
+        got = trig_scores(
+            parent.keys(f),
+            stats.q_mean_re[f],
+            stats.q_mean_im[f],
+            stats.q_abs_mean[f],
+            stats.omega,
+            16,
+            round_start=50,
+            offsets=offsets,
+            mlr=False,
+        )[h]
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
+    finally:
+        parent.release()
