@@ -70,9 +70,7 @@ def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
     full = [r for r in rows if r["method"] == "full"]
     assert all(r["p"] == 1.0 and r["kept_entries"] == r["full_entries"] for r in full)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert (
-        manifest["runs"][0]["model"] == "tiny-random" and len(manifest["runs"][0]["model_fingerprint"]) == 64
-    )
+    assert manifest["runs"][0]["model"] == "tiny-random" and len(manifest["runs"][0]["model_fingerprint"]) == 64
 
     # rerun: nothing new, nothing duplicated
     assert (
@@ -207,15 +205,92 @@ def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
         def contexts(self, task, *, length, limit, seed, prompt_length):
             if task == "absent":
                 raise MissingDataError("ruler/absent.json not found; set --data-dir")
-            for ctx in NeedleBench().contexts("niah_single_1", length=length, limit=limit, seed=seed,
-                                              prompt_length=prompt_length):
+            for ctx in NeedleBench().contexts(
+                "niah_single_1", length=length, limit=limit, seed=seed, prompt_length=prompt_length
+            ):
                 yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
 
     out = tmp_path / "m"
-    assert kvbench("run", "--bench", "test-half-missing", "--method", "full", "--limit", "1",
-                   "--length", LENGTH, "--out", str(out)) == 0
+    assert (
+        kvbench(
+            "run",
+            "--bench",
+            "test-half-missing",
+            "--method",
+            "full",
+            "--limit",
+            "1",
+            "--length",
+            LENGTH,
+            "--out",
+            str(out),
+        )
+        == 0
+    )
     assert {r["task"] for r in read_rows(out)} == {"present"}
     assert kvbench("report", "--results", str(out)) == 0
     report = (out / "report.md").read_text()
     assert "test-half-missing/absent** missing: ruler/absent.json not found" in report
     assert "absent" in capsys.readouterr().out
+
+
+def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
+    """Offline artifacts produced by the project's own commands, then every built-in method through
+    `kvbench run` at p = 0.9, 0.5, 0.1 (issue: baseline zoo end to end)."""
+    from kvbench.methods import list_methods
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus" / "synthetic"
+    corpus.mkdir(parents=True)
+    for i in range(3):
+        (corpus / f"d{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 23}" for j in range(60)))
+    assert kvbench("calibrate", "triattention", "--corpus", str(tmp_path / "corpus")) == 0
+    labels = tmp_path / "labels"
+    assert (
+        kvbench(
+            "gatesight",
+            "label",
+            "--model",
+            "tiny-random",
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--out",
+            str(labels),
+            "--m",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--threads",
+            "1",
+        )
+        == 0
+    )
+    assert kvbench("gatesight", "train", "--labels", str(labels), "--epochs", "1", "--positions", "50") == 0
+
+    methods = [m for m in list_methods() if not m.startswith("test-")]
+    assert {"full", "random", "snapkv", "keydiff", "triattention", "kvzip", "gatesight"} <= set(methods)
+    out = tmp_path / "all"
+    code = kvbench(
+        "run",
+        "--method",
+        ",".join(methods),
+        "--p",
+        "0.9,0.5,0.1",
+        "--limit",
+        "1",
+        "--length",
+        LENGTH,
+        "--out",
+        str(out),
+    )
+    assert code == 0, capsys.readouterr().err
+    rows = read_rows(out)
+    got = {(r["method"], r["p"]) for r in rows}
+    expected = {("full", 1.0)} | {(m, p) for m in methods if m != "full" for p in (0.9, 0.5, 0.1)}
+    assert got == expected
+    for r in rows:
+        k = budgets.per_head_budget(r["n_context"], r["prot"], r["p"])
+        assert r["kept_entries"] == 3 * 2 * (r["prot"] + k), r["method"]
+        assert r["real_fork"] and (r["stored_bytes"] < r["full_bytes"]) == (r["p"] < 1.0)
+    alloc = {r["method"]: r["allocation"] for r in rows}
+    assert alloc["gatesight"] == "gate" and alloc["kvzip"] == "global" and alloc["snapkv"] == "flat"

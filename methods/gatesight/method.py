@@ -31,8 +31,8 @@ class GateSight(EvictionMethod):
 
     Artifact lookup, first match wins: ``artifact`` (constructor argument or class/instance attribute), the
     environment variable ``KVBENCH_GATESIGHT_ARTIFACT``, then ``$KVBENCH_CACHE/calibration/gatesight/
-    <fingerprint[:16]>/``. The model fingerprint is ``fingerprint`` (argument/attribute) or derived from
-    ``parent.engine.model`` and ``parent.tokenizer``; whenever it is known it must equal the artifact's. Absence,
+    <fingerprint[:16]>/``. The model fingerprint is ``fingerprint`` (argument/attribute) or the parent's
+    ``model_fingerprint``; whenever it is known it must equal the artifact's. Absence,
     a fingerprint mismatch or a shape mismatch (layers, KV heads, GDN layout, value heads) is a
     :class:`KvbenchError` naming ``kvbench gatesight label … && kvbench gatesight train …``.
     """
@@ -49,21 +49,10 @@ class GateSight(EvictionMethod):
         if fingerprint is not None:
             self.fingerprint = fingerprint
         self._cache: tuple[tuple, GateSightEstimator] | None = None
-        self._derived: tuple[tuple, str] | None = None
 
     def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
-        if self.fingerprint:
-            return self.fingerprint
-        model = getattr(getattr(parent, "engine", None), "model", None)
-        tokenizer = getattr(parent, "tokenizer", None)
-        if model is None or tokenizer is None:
-            return None
-        key = (id(model), id(tokenizer))
-        if self._derived is None or self._derived[0] != key:
-            from kvbench.models import fingerprint
-
-            self._derived = (key, fingerprint(model, tokenizer))
-        return self._derived[1]
+        """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown)."""
+        return self.fingerprint or getattr(parent, "model_fingerprint", None)
 
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
         if self.artifact is not None:
@@ -76,8 +65,7 @@ class GateSight(EvictionMethod):
             return default_artifact_dir(fp)
         raise KvbenchError(
             "GateSight cannot locate its artifact: no `artifact` is set, $" + ARTIFACT_ENV + " is unset and the "
-            "model fingerprint is unknown (set `fingerprint`, or use an engine whose parent exposes its model and "
-            f"tokenizer); produce one with `{PRODUCE_COMMAND}`"
+            f"model fingerprint is unknown (set `fingerprint` on the method); produce one with `{PRODUCE_COMMAND}`"
         )
 
     def load(self, parent: ParentSession | None = None) -> GateSightEstimator:
