@@ -26,7 +26,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-BUILTIN_VERSION = "v1"
+BUILTIN_VERSION = "v2"
 
 
 def cache_dir() -> Path:
@@ -68,7 +68,7 @@ def _tiny_common(vocab_size: int) -> dict:
         linear_value_head_dim=32,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        max_position_embeddings=32768,
+        max_position_embeddings=131072,
         initializer_range=0.1,
         tie_word_embeddings=False,
         pad_token_id=256,

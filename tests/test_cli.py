@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,3 +295,35 @@ def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
         assert r["real_fork"] and (r["stored_bytes"] < r["full_bytes"]) == (r["p"] < 1.0)
     alloc = {r["method"]: r["allocation"] for r in rows}
     assert alloc["gatesight"] == "gate" and alloc["kvzip"] == "global" and alloc["snapkv"] == "flat"
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
+    """Both real benches through `kvbench run` and `report` with the tiny model, `--limit 1`, on the
+    shipped fixtures (the essay file is absent there: those RULER tasks are recorded as missing)."""
+    out = tmp_path / "benches"
+    common = ["--method", "full,keydiff", "--p", "0.5", "--limit", "1", "--data-dir", str(FIXTURES), "--out", str(out)]
+    assert (
+        kvbench("run", "--bench", "ruler", "--task", "niah_single_1,niah_single_2,qa_1", "--length", "2048", *common)
+        == 0
+    ), capsys.readouterr().err
+    assert kvbench("run", "--bench", "scbench", "--task", "kv,choice_eng,mf", *common) == 0, (
+        capsys.readouterr().err
+    )
+    rows = read_rows(out)
+    assert {(r["bench"], r["task"]) for r in rows} == {
+        ("ruler", "niah_single_1"),
+        ("ruler", "qa_1"),
+        ("scbench", "kv"),
+        ("scbench", "choice_eng"),
+        ("scbench", "mf"),
+    }
+    scb = [r for r in rows if r["bench"] == "scbench"]
+    assert all(len(r["scores"]) == 2 and any(k.endswith("_revised") for k in r["scores"]) for r in scb)
+    assert {r["method"] for r in rows} == {"full", "keydiff"}
+    assert kvbench("report", "--results", str(out)) == 0
+    report = (out / "report.md").read_text()
+    assert "ruler/niah_single_2** missing" in report and "PaulGrahamEssays.json" in report
+    assert "### choice_eng" in report or "choice_eng" in report
