@@ -154,8 +154,12 @@ def report(
         if store.recovered:
             err_console.print(f"[yellow]{store.recovered}[/yellow]")
         rows, missing = store.rows(), store.missing()
-    for table in render_rich(rows):
-        console.print(table)
+    tables = render_rich(rows)
+    # never squeeze a table into a narrow (or non-terminal, 80-column) console: labels would be cut
+    need = max((sum(max(len(c.header), 8) + 3 for c in t.columns) + 20 for t in tables), default=0)
+    wide = Console(width=max(console.width, need)) if need > console.width else console
+    for table in tables:
+        wide.print(table)
     for line in missing_lines(rows, missing):
         console.print(line.replace("**", ""), style="yellow")
     path = write_report(rows, out or results / "report.md", missing)
