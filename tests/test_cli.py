@@ -46,19 +46,8 @@ def read_rows(out):
 
 def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
     out = tmp_path / "run"
-    code = kvbench(
-        "run",
-        "--method",
-        "test-keynorm,full",
-        "--p",
-        "0.5,0.1",
-        "--limit",
-        "2",
-        "--length",
-        LENGTH,
-        "--out",
-        str(out),
-    )
+    args = ["run", "--method", "test-keynorm,full", "--p", "0.5,0.1", "--limit", "2", "--length", LENGTH]
+    code = kvbench(*args, "--out", str(out))
     assert code == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert len(rows) == 2 * 2 + 2  # two p for the custom method, p=1.0 for full, two contexts
@@ -74,22 +63,7 @@ def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
     assert manifest["runs"][0]["model"] == "tiny-random" and len(manifest["runs"][0]["model_fingerprint"]) == 64
 
     # rerun: nothing new, nothing duplicated
-    assert (
-        kvbench(
-            "run",
-            "--method",
-            "test-keynorm,full",
-            "--p",
-            "0.5,0.1",
-            "--limit",
-            "2",
-            "--length",
-            LENGTH,
-            "--out",
-            str(out),
-        )
-        == 0
-    )
+    assert kvbench(*args, "--out", str(out)) == 0
     assert read_rows(out) == rows
     assert "6 already present" in capsys.readouterr().err.replace("\n", " ")
 
@@ -309,9 +283,7 @@ def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
         kvbench("run", "--bench", "ruler", "--task", "niah_single_1,niah_single_2,qa_1", "--length", "2048", *common)
         == 0
     ), capsys.readouterr().err
-    assert kvbench("run", "--bench", "scbench", "--task", "kv,choice_eng,mf", *common) == 0, (
-        capsys.readouterr().err
-    )
+    assert kvbench("run", "--bench", "scbench", "--task", "kv,choice_eng,mf", *common) == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert {(r["bench"], r["task"]) for r in rows} == {
         ("ruler", "niah_single_1"),
