@@ -189,13 +189,13 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
     store.write_manifest(manifest_entry(config, lm))
     engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
-    n_tasks = len(config.tasks or get_bench(config.bench).tasks())
-    total = -(-n_tasks * config.limit // config.shard[1])
+    with console.status(f"generating {config.bench} contexts …"):
+        contexts = list(_contexts(config, lm, store, console))  # up front: an exact progress total
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with store, Progress(*columns, console=console, transient=False) as progress:
-            bar = progress.add_task("contexts", total=total)
-            for ctx in _contexts(config, lm, store, console):
+            bar = progress.add_task("contexts", total=len(contexts))
+            for ctx in contexts:
                 progress.update(bar, description=f"{ctx.task} #{ctx.item}")
                 _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1
