@@ -75,12 +75,6 @@ class TorchEngine:
 
     name = "torch"
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
-        if self.tokenizer is None:
-            return " ".join(map(str, token_ids))
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
     def __init__(
         self,
         model: torch.nn.Module,
@@ -104,6 +98,12 @@ class TorchEngine:
         self.head_dim = self.adapter.attn[0].head_dim
         self.max_context = int(text_config.max_position_embeddings)
         self._sessions: dict[str, TorchParent | TorchChild] = {}
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     @property
     def fingerprint(self) -> str:
