@@ -244,6 +244,33 @@ def calibrate(
     )
 
 
+@app.command("train-tiny")
+def train_tiny(
+    out: Path = typer.Option(Path("models/tiny-trained"), "--out", "-o", help="Output dir (checkpoints, final/)."),
+    steps: int = typer.Option(1800, "--steps", help="Optimizer steps."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Rows per step."),
+    lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (warm-up + cosine)."),
+    seed: int = typer.Option(0, "--seed", help="Training seed (RULER generator seeds >= 10000; evaluation uses 42)."),
+    curriculum: str = typer.Option("256@0,512@0.3,1024@0.6", "--curriculum", help="LENGTH@START_FRACTION,…"),
+    save_every: int = typer.Option(200, "--save-every", help="Checkpoint every N steps."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (1 on a busy machine)."),
+    eval_limit: int = typer.Option(20, "--eval-limit", help="Items per task for the final quick eval (0: skip)."),
+) -> None:
+    """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable."""
+    from kvbench.train_tiny import evaluate_quick, parse_curriculum, train
+
+    final = train(
+        out, steps=steps, batch_size=batch_size, lr=lr, seed=seed, curriculum=parse_curriculum(curriculum),
+        resume=resume, save_every=save_every, threads=threads,
+    )  # fmt: skip
+    err_console.print(f"[green]done:[/green] model in {final}")
+    if eval_limit > 0:
+        tasks = ["niah_single_1", "niah_multikey_2", "vt", "fwe"]
+        for task, score in evaluate_quick(final, tasks=tasks, length=1024, limit=eval_limit).items():
+            err_console.print(f"{task:18} {score:.1f}")
+
+
 def _mount_subcommands() -> None:
     from kvbench.methods.gatesight.cli import app as gatesight_app
 
