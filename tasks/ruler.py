@@ -67,6 +67,7 @@ import re
 import string
 import uuid
 import warnings
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -209,7 +210,7 @@ class _Essay:
 # Task generators: build(item, n) -> Context with n haystack units; sizing lives in _Sizer.
 
 
-class _Task:
+class _Task(ABC):
     family = ""
     unit = ""
 
@@ -223,8 +224,9 @@ class _Task:
     def n_items(self) -> int | None:
         return None
 
+    @abstractmethod
     def incremental(self) -> int:
-        raise NotImplementedError
+        """Haystack units removed per step of RULER's per-item step-down."""
 
     def floor(self, item: int) -> int:
         return 1
@@ -232,11 +234,12 @@ class _Task:
     def cap(self) -> int:
         return max(self.length, self.floor(0))  # every unit costs at least one token
 
-    def prepare(self, measure: PromptLength) -> None:
+    def prepare(self, measure: PromptLength) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Task-wide set-up that needs the tokenizer (vt's one-shot example)."""
 
+    @abstractmethod
     def build(self, item: int, n: int) -> Context:
-        raise NotImplementedError
+        """Item ``item`` with a haystack of ``n`` units."""
 
     def context(self, item, instruction, body, question, prefix, refs, scorer, meta) -> Context:
         q = Question("0", question, prefix, self.gen, tuple(refs), (scorer,))
