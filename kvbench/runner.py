@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -60,7 +60,6 @@ class RunSummary:
     rows_skipped: int = 0
     contexts: int = 0
     recovered: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
