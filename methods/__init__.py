@@ -47,6 +47,7 @@ class EvictionMethod(ABC):
       fixed_p: if set, the method runs only at this kept fraction (``full`` runs at 1.0).
       extra_passes: True if scoring runs extra model passes (its cost is then part of the report).
       query_window: trailing context positions whose queries the method reads (``parent.queries``).
+      fingerprint: the model fingerprint an offline artifact must match; None: the parent's.
     """
 
     name: ClassVar[str] = ""
@@ -55,9 +56,15 @@ class EvictionMethod(ABC):
     fixed_p: ClassVar[float | None] = None
     extra_passes: ClassVar[bool] = False
     query_window: ClassVar[int] = 0
+    fingerprint: str | None = None
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
+
+    def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
+        """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown): the model an
+        offline artifact (calibration statistics, trained estimator) must have been made for."""
+        return self.fingerprint or getattr(parent, "model_fingerprint", None)
 
     @abstractmethod
     def score(self, parent: ParentSession) -> list[torch.Tensor]:

@@ -409,7 +409,6 @@ class TriAttention(EvictionMethod):
     name = "triattention"
     default_allocation = "flat"
     stats_path: str | os.PathLike | None = None
-    fingerprint: str | None = None
     offsets: tuple[int, ...] = geometric_offsets(OFFSET_MAX)
     aggregation = "mean"
     normalize = True
@@ -429,10 +428,6 @@ class TriAttention(EvictionMethod):
             self.fingerprint = fingerprint
         self.stats = stats
         self._cache: tuple[tuple, TriAttentionStats] | None = None
-
-    def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
-        """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown)."""
-        return self.fingerprint or getattr(parent, "model_fingerprint", None)
 
     def resolve_stats_path(self, parent: ParentSession | None = None) -> Path:
         """``stats_path`` if set, else the default location for the model's fingerprint."""

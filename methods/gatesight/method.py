@@ -40,7 +40,6 @@ class GateSight(EvictionMethod):
     name = "gatesight"
     default_allocation = "gate"
     artifact: str | os.PathLike | None = None
-    fingerprint: str | None = None
 
     def __init__(self, seed: int = 0, artifact: str | os.PathLike | None = None, fingerprint: str | None = None):
         super().__init__(seed)
@@ -49,10 +48,6 @@ class GateSight(EvictionMethod):
         if fingerprint is not None:
             self.fingerprint = fingerprint
         self._cache: tuple[tuple, GateSightEstimator] | None = None
-
-    def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
-        """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown)."""
-        return self.fingerprint or getattr(parent, "model_fingerprint", None)
 
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
         if self.artifact is not None:
