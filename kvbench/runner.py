@@ -90,9 +90,7 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
             )
     for alloc in config.allocations or []:
         if alloc not in budgets.ALLOCATIONS:
-            raise KvbenchError(
-                f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}"
-            )
+            raise KvbenchError(f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}")
     plan = []
     for name in config.methods:
         cls = method_class(name)
@@ -130,9 +128,7 @@ def _contexts(config: RunConfig, lm: LoadedModel, store: ResultsStore, console: 
             index += 1
 
 
-def _key(
-    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str
-) -> dict:
+def _key(lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str) -> dict:
     return {
         "model": lm.name,
         "engine": config.engine,
@@ -182,9 +178,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
         torch.set_num_threads(config.threads)
     lm = lm or load_model(config.model, device=config.device, dtype=config.dtype)
     if lm.random_weights:
-        console.print(
-            f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]"
-        )
+        console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
     store.write_manifest(manifest_entry(config, lm))
     engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
@@ -212,16 +206,16 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
     pending = {
         (method.name, alloc, p): [
-            q for q in ctx.questions if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid))
+            qi
+            for qi, q in enumerate(ctx.questions)
+            if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid))
         ]
         for method, allocs, ps in plan
         for alloc in allocs
         for p in ps
     }
     n_pending = sum(len(v) for v in pending.values())
-    summary.rows_skipped += (
-        sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in plan) - n_pending
-    )
+    summary.rows_skipped += sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in plan) - n_pending
     if n_pending == 0:
         return
     parent = engine.prefill(rendered.context_ids, rendered.prot, query_window=query_window)
@@ -243,10 +237,8 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
                     kept = method.select(parent, scores, p, alloc)
                     child = parent.fork(kept)
                     try:
-                        for q in questions:
-                            row = _answer_row(
-                                ctx, q, rendered, parent, child, lm, config, method, alloc, p, score_s
-                            )
+                        for qi in questions:
+                            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s)
                             store.append(row)
                             summary.rows_written += 1
                     finally:
@@ -266,11 +258,9 @@ def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent
         raise KvbenchError(f"method {method.name} returned NaN or infinite scores")
 
 
-def _answer_row(ctx, q, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s) -> dict:
-    qi = ctx.questions.index(q)
-    ans = child.answer(
-        rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256
-    )
+def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s) -> dict:
+    q = ctx.questions[qi]
+    ans = child.answer(rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256)
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.stats
     return {
