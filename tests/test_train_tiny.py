@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from functools import lru_cache
 
@@ -56,30 +57,88 @@ def test_config_layout():
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.25
 
 
+def _spans(mask: torch.Tensor) -> list[list[int]]:
+    """Contiguous runs of 1s in ``mask`` as lists of positions."""
+    spans: list[list[int]] = []
+    for i in mask.nonzero().flatten().tolist():
+        if spans and spans[-1][-1] == i - 1:
+            spans[-1].append(i)
+        else:
+            spans.append([i])
+    return spans
+
+
 @pytest.mark.parametrize("length", [256, 1024])
 def test_training_examples_length_and_mask(length):
     tok = tokenizer()
     seen = set()
-    for i in range(12):
+    for i in range(40):
         rng = random.Random(f"t:{length}:{i}")
         ids, mask, task, refs = T.training_example(rng, length, tok)
         seen.add(task)
         assert ids.shape == mask.shape == (length,)
         pad = ids == tok.pad_token_id
         assert not (mask.bool() & pad).any()
-        if task == "text":
-            assert mask[~pad].all()
-            continue
-        # the mask is one contiguous span ending with <|im_end|>: the reference answer
-        where = mask.nonzero().flatten().tolist()
-        assert where == list(range(where[0], where[-1] + 1))
-        assert ids[where[-1]].item() == tok.eos_token_id
-        assert (ids[where[-1] + 1 :] == tok.pad_token_id).all()
-        answer = tok.decode(ids[where[:-1]])
-        assert refs and all(ref in answer for ref in refs)
-        if task.startswith("niah"):
-            assert answer.strip() == ", ".join(refs) if len(refs) > 1 else answer == " " + refs[0]
-    assert len(seen) >= 2
+        real = int((~pad).sum())
+        assert (~pad[:real]).all() and pad[real:].all()  # right-padded
+        spans = _spans(mask)
+        if task == "repeat":  # the second half repeats the first; the mask is exactly the second half
+            half = real // 2
+            assert torch.equal(ids[:half], ids[half:real]) and spans == [list(range(half, real))]
+        elif task in ("recall", "chains"):  # one supervised span per reference, spelling it
+            assert len(spans) == len(refs) >= 1
+            for span, ref in zip(spans, refs, strict=True):
+                assert tok.decode(ids[span]).strip().rstrip(".") == ref
+            context = tok.decode(ids[: spans[0][0]])
+            for ref in refs:  # every answer is in the context before the questions
+                assert all(part in context for part in ref.split())
+        else:  # a RULER row: one contiguous span, the reference answer, ending with <|im_end|>
+            assert task in dict(T.TASK_MIX) and len(spans) == 1
+            where = spans[0]
+            assert ids[where[-1]].item() == tok.eos_token_id and where[-1] == real - 1
+            answer = tok.decode(ids[where[:-1]])
+            assert refs and all(ref in answer for ref in refs)
+            if task.startswith("niah"):
+                assert answer.strip() == ", ".join(refs) if len(refs) > 1 else answer == " " + refs[0]
+    assert len(seen) >= 4
+
+
+def test_recall_rows_ask_every_needle():
+    """Hand check of one recall row: every needle's key is asked once, with its own value as the answer."""
+    from kvbench.tasks.ruler_data import NEEDLE
+
+    tok = tokenizer()
+    ids, mask, refs = T._recall_row(random.Random(5), 400, tok)
+    text = tok.decode(ids)
+    context, _, questions = text.partition("\nThe special magic")
+    asked = [line for line in ("The special magic" + questions).split("\n")]
+    assert len(asked) == len(refs)
+    for line, value in zip(asked, refs, strict=True):
+        key = line.split(" for ", 1)[1].split(" mentioned", 1)[0]
+        type_v = "uuids" if "-" in value else "numbers"
+        assert NEEDLE.format(type_v=type_v, key=key, value=value) in context
+        assert line.endswith(f" is {value}.")
+
+
+def test_chains_rows_follow_the_assignments():
+    """Every answered chain is recomputed by following the ``VAR`` lines of the context."""
+    tok = tokenizer()
+    for seed in range(6):
+        row = T._chains_row(random.Random(seed), 512, tok)
+        assert row is not None
+        ids, mask, refs = row
+        text = tok.decode(ids)
+        assigned: dict[str, str] = {}
+        for line in text.split("\n"):
+            if line.startswith("VAR "):
+                name, _, rhs = line[4:].strip().partition(" = ")
+                assigned[name] = assigned[rhs[4:]] if rhs.startswith("VAR ") else rhs
+        for ref in refs:
+            names = ref.split()
+            assert len({assigned[n] for n in names}) == 1
+            value = assigned[names[0]]
+            assert sorted(names) == sorted(n for n, v in assigned.items() if v == value)
+            assert f"the value {value}, they are: {ref}" in text
 
 
 def test_batch_deterministic():
@@ -135,9 +194,37 @@ def test_train_resume_exact(tmp_path, one_thread):
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     lm = load_model(str(straight))
-    assert lm.random_weights is False
-    assert (straight / "MODEL_CARD.md").exists()
+    assert lm.random_weights is False and lm.context_length == 256
     assert lm.model.config.tie_word_embeddings is False
+    log = json.loads((straight / "training_log.json").read_text())
+    assert [e["step"] for e in log] == [1, 2, 3, 4, 5] and all("tasks" in e for e in log)
+
+    # the shipped copy: bf16 weights equal to the float32 ones rounded, same tokenizer, a model card
+    shipped = T.export_builtin(straight, tmp_path / "ship", evaluation={"niah_single_1": 12.5})
+    ws = load_file(shipped / "model.safetensors")
+    assert ws.keys() == wb.keys()
+    for k in ws:
+        assert ws[k].dtype == torch.bfloat16 and torch.equal(ws[k], wb[k].to(torch.bfloat16)), k
+    card = (shipped / "MODEL_CARD.md").read_text()
+    assert "| niah_single_1 | 12.5 |" in card and "not for" in card and "256 tokens" in card
+    lm2 = load_model(str(shipped))
+    assert lm2.random_weights is False and lm2.context_length == 256
+    assert lm2.model.dtype == torch.float32  # loaded as float32 on CPU
+    assert lm2.tokenizer.get_vocab() == lm.tokenizer.get_vocab()
+    assert lm2.model.config.max_position_embeddings == T.SHIPPED_MAX_POSITIONS
+
+
+def test_calibration_corpus_deterministic(tmp_path):
+    from kvbench.corpus import read_corpus
+
+    a = T.write_calibration_corpus(tmp_path / "a", n_docs=2, n_chars=500)
+    b = T.write_calibration_corpus(tmp_path / "b", n_docs=2, n_chars=500)
+    docs_a, docs_b = read_corpus(a), read_corpus(b)
+    assert [(d.corpus, d.text) for d in docs_a] == [(d.corpus, d.text) for d in docs_b]
+    assert sorted({d.corpus for d in docs_a}) == sorted(T.CALIBRATION_KINDS) and len(docs_a) == 6
+    assert all(len(d.text) >= 500 for d in docs_a)
+    text = " ".join(d.text for d in docs_a)
+    assert "Question" not in text and "mentioned in the provided text" not in text
 
 
 def test_training_seeds_disjoint_from_evaluation(monkeypatch):
@@ -161,3 +248,36 @@ def test_parse_curriculum():
     assert T.parse_curriculum("256@0,512@0.3,1024@0.6") == ((0.0, 256), (0.3, 512), (0.6, 1024))
     with pytest.raises(KvbenchError):
         T.parse_curriculum("256@0.1")
+
+
+def test_batch_loss_against_explicit_loop():
+    """Weighted loss and per-row supervised loss, recomputed token by token with log-softmax."""
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, input_ids, use_cache=False):
+            return type("Out", (), {"logits": self.logits})
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=g)
+    ids = torch.tensor([[3, 4, 5, 6, 0], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 0, 0, 0]])
+    loss, row_ce = T.batch_loss(Fixed(logits), ids, mask, pad_id=0, lm_weight=0.5, autocast=False)
+    num = den = 0.0
+    rows = []
+    for b in range(2):
+        sup = []
+        for t in range(1, 5):
+            nll = -torch.log_softmax(logits[b, t - 1], -1)[ids[b, t]].item()
+            w = 0.0 if ids[b, t] == 0 else (1.0 if mask[b, t] else 0.5)
+            num, den = num + w * nll, den + w
+            if mask[b, t]:
+                sup.append(nll)
+        rows.append(sum(sup) / len(sup))
+    assert loss.item() == pytest.approx(num / den, rel=1e-5)
+    assert row_ce.tolist() == pytest.approx(rows, rel=1e-5)
+    assert T.task_losses(["a", "a"], torch.tensor([1.0, 3.0])) == {"a": 2.0}
+    assert T.task_losses(["a", "b"], torch.tensor([1.0, float("nan")])) == {"a": 1.0}
