@@ -334,7 +334,8 @@ def label_document(
     engine: a :class:`~kvbench.engines.torch_engine.TorchEngine`. The continuations are sampled (unless given),
     then for each of them ``context + continuation`` is prefilled with ``query_window = len(continuation)``: the
     continuation rows' post-RoPE queries come from that prefill, keys/values from the parent, and Eq. 2 is
-    evaluated in float32 per attention layer. With ``config.check`` every continuation is checked: closed form
+    evaluated in float64 per attention layer (``a / (1 - a)`` is ill-conditioned in float32 where ``a -> 1``).
+    With ``config.check`` every continuation is checked: closed form
     against brute-force deletion (max error / max Δr of the (layer, head) <= ``closed_form_tol``), the
     reconstructed module output against the module's (relative L2 <= ``output_tol``), every context position
     covered. A failed check raises :class:`LabelCheckError`.
@@ -385,7 +386,9 @@ def label_document(
             for f, mod in enumerate(attn):
                 q = parent.queries(f, range(n, N)).float()
                 k, v = parent.keys(f).float(), parent.values(f).float()
-                a, o = recompute_attention(q, k, v, mod.scaling)
+                # float64: Eq. 2's a / (1 - a) is ill-conditioned where attention is peaked (a -> 1); in float32
+                # a trained retrieval head put the closed form 2e-4 of the max Δr off brute-force deletion
+                a, o = recompute_attention(q, k, v, mod.scaling, dtype=torch.float64)
                 delta = delta_r_closed_form(a, o, v, w_heads[f], n)  # [H_kv, T, n]
                 utility[f] = torch.maximum(utility[f], utility_from_delta(delta))
                 if config.check:
@@ -423,7 +426,7 @@ def _run_checks(checks, f, mod, q, k, v, a, o, delta, w_heads, n, prot, capture,
         )
     # (2) the reconstructed module output matches the module's
     gate = capture.gate[f]
-    heads = o.reshape(H_kv * G, T, -1).transpose(0, 1)  # [T, H, D]
+    heads = o.float().reshape(H_kv * G, T, -1).transpose(0, 1)  # [T, H, D]
     recon = (heads * gate).reshape(T, -1) @ mod.o_proj.weight.detach().float().T
     if mod.o_proj.bias is not None:
         recon = recon + mod.o_proj.bias.detach().float()
