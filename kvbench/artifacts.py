@@ -15,6 +15,25 @@ import torch
 from kvbench.errors import KvbenchError
 
 META_KEY = "kvbench"
+#: Calibration artifacts shipped with kvbench for its built-in trained models (same layout as the cache).
+SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "builtin" / "calibration"
+
+
+def find_calibration(cached: Path) -> Path:
+    """Where to read a default calibration artifact whose write location is ``cached`` (a path under
+    ``$KVBENCH_CACHE/calibration/``): ``cached`` when it exists (the user's own calibration wins), else
+    the artifact shipped under ``SHIPPED_CALIBRATION`` at the same relative path when that exists, else
+    ``cached`` (so a missing-artifact error names where the producing command writes). Artifacts are keyed
+    by model fingerprint, and reading one checks it, so a shipped artifact never serves another model."""
+    from kvbench.models import cache_dir
+
+    if cached.exists():
+        return cached
+    try:
+        shipped = SHIPPED_CALIBRATION / cached.relative_to(cache_dir() / "calibration")
+    except ValueError:
+        return cached
+    return shipped if shipped.exists() else cached
 
 
 def read_artifact(path: Path, *, what: str, fmt: str, fix: str) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -54,10 +54,17 @@ def run(
         "-a",
         help="flat|pyramid|gate|global, comma separated (default: each method's own).",
     ),
-    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
+    ),
     engine: str = typer.Option("torch", "--engine", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
-    length: int = typer.Option(4096, "--length", help="Target prompt length in tokens for generated benches."),
+    length: Optional[int] = typer.Option(
+        None,
+        "--length",
+        help="Target prompt length in tokens for generated benches (default: the model's trained context "
+        "length when it states one, e.g. 1024 for tiny-trained, else 4096).",
+    ),
     seed: int = typer.Option(42, "--seed", help="Data and method seed."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
@@ -169,7 +176,9 @@ def report(
 @app.command()
 def cost(
     method: str = typer.Option(..., "--method", "-m", help="Method name(s), comma separated."),
-    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
+    ),
     lengths: str = typer.Option("4096,16384", "--lengths", help="Context lengths in tokens, comma separated."),
     repeats: int = typer.Option(3, "--repeats", help="Measured rounds (median) after one warm-up."),
     out: Path = typer.Option(Path("results/cost.json"), "--out", "-o", help="JSON file for the table."),
@@ -220,7 +229,9 @@ class Calibratable(str, Enum):
 @app.command()
 def calibrate(
     method: Calibratable = typer.Argument(..., help="Method to calibrate (triattention)."),
-    model: str = typer.Option("tiny-random", "--model", help="Built-in model name, local directory or hub id."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
+    ),
     corpus: Path = typer.Option(..., "--corpus", help="Text corpus: a file or directory of .txt/.md/.jsonl/.json."),
     max_tokens: int = typer.Option(32768, "--max-tokens", help="Calibration tokens in total."),
     out: Optional[Path] = typer.Option(
@@ -247,28 +258,45 @@ def calibrate(
 @app.command("train-tiny")
 def train_tiny(
     out: Path = typer.Option(Path("models/tiny-trained"), "--out", "-o", help="Output dir (checkpoints, final/)."),
-    steps: int = typer.Option(1800, "--steps", help="Optimizer steps."),
+    steps: int = typer.Option(3850, "--steps", help="Optimizer steps."),
     batch_size: int = typer.Option(8, "--batch-size", help="Rows per step."),
     lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (warm-up + cosine)."),
     seed: int = typer.Option(0, "--seed", help="Training seed (RULER generator seeds >= 10000; evaluation uses 42)."),
-    curriculum: str = typer.Option("256@0,512@0.3,1024@0.6", "--curriculum", help="LENGTH@START_FRACTION,…"),
-    save_every: int = typer.Option(200, "--save-every", help="Checkpoint every N steps."),
+    curriculum: str = typer.Option(
+        "128@0,256@0.156,512@0.779,1024@0.961", "--curriculum", help="LENGTH@START_FRACTION,…"
+    ),
+    save_every: int = typer.Option(250, "--save-every", help="Checkpoint every N steps."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (1 on a busy machine)."),
-    eval_limit: int = typer.Option(20, "--eval-limit", help="Items per task for the final quick eval (0: skip)."),
+    eval_limit: int = typer.Option(
+        20, "--eval-limit", help="Items per task for the final full-cache RULER eval (0: skip)."
+    ),
+    export: Optional[Path] = typer.Option(
+        None, "--export", help="Also write the shipped bf16 copy + model card here (e.g. kvbench/builtin/tiny-trained)."
+    ),
 ) -> None:
-    """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable."""
-    from kvbench.train_tiny import evaluate_quick, parse_curriculum, train
+    """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
+    The defaults reproduce the shipped `tiny-trained` model."""
+    import json
+
+    from kvbench.train_tiny import NO_EXTERNAL_DATA_TASKS, evaluate_quick, export_builtin, parse_curriculum, train
 
     final = train(
         out, steps=steps, batch_size=batch_size, lr=lr, seed=seed, curriculum=parse_curriculum(curriculum),
         resume=resume, save_every=save_every, threads=threads,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
+    target = export_builtin(final, export) if export else final
     if eval_limit > 0:
-        tasks = ["niah_single_1", "niah_multikey_2", "vt", "fwe"]
-        for task, score in evaluate_quick(final, tasks=tasks, length=1024, limit=eval_limit).items():
+        length = json.loads((final / "kvbench_builtin.json").read_text())["context_length"]
+        scores = evaluate_quick(target, tasks=NO_EXTERNAL_DATA_TASKS, length=length, limit=eval_limit)
+        for task, score in scores.items():
             err_console.print(f"{task:18} {score:.1f}")
+        err_console.print(f"{'mean':18} {sum(scores.values()) / len(scores):.1f}")
+        if export:
+            export_builtin(final, export, evaluation=scores)
+    if export:
+        err_console.print(f"[green]exported:[/green] {export}")
 
 
 def _mount_subcommands() -> None:

@@ -15,3 +15,7 @@ class ModelError(KvbenchError):
 
 class MissingDataError(KvbenchError):
     """A task's external data file is absent; the message names the file and how to supply it."""
+
+
+class TooShortError(KvbenchError):
+    """A generated task's smallest prompt does not fit ``--length``; the message names the length needed."""

@@ -1,9 +1,10 @@
 """Model loading: built-in tiny models, local directories and hub ids, plus the model fingerprint.
 
-Built-in models are built from a seeded config in code, saved once under the kvbench cache
-(``$KVBENCH_CACHE``, default ``~/.cache/kvbench``) and then loaded through the same ``from_pretrained``
-path as any local directory. Until a trained tiny model ships, the default is ``tiny-random``: random
-weights, labelled as such in every row and report (its scores say nothing about the methods).
+Built-in models are either shipped with kvbench (``tiny-trained``: weights, tokenizer and model card in
+``kvbench/builtin/tiny-trained/``, the default) or built from a seeded config in code (the ``tiny-random*``
+models: random weights, labelled as such in every row and report), saved once under the kvbench cache
+(``$KVBENCH_CACHE``, default ``~/.cache/kvbench``). Both load through the same ``from_pretrained`` path as
+any local directory.
 """
 
 from __future__ import annotations
@@ -109,18 +110,31 @@ def tiny_qwen3_5_config(vocab_size: int = 384, **over):
     return Qwen3_5TextConfig(**kw)
 
 
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+
+
 @dataclass(frozen=True)
 class BuiltinModel:
+    """A built-in model: ``shipped`` (a directory in the package, trained weights) or built from ``config``
+    with ``seed`` (random weights)."""
+
     name: str
     description: str
-    config: Callable[[], object]
+    config: Callable[[], object] | None = None
     seed: int = 0
     random_weights: bool = True
+    shipped: Path | None = None
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     m.name: m
     for m in (
+        BuiltinModel(
+            "tiny-trained",
+            "trained tiny Qwen3-Next (MoE, 12 layers, 3 attention), BPE tokenizer; RULER-style data, 1,024 tokens",
+            random_weights=False,
+            shipped=BUILTIN_DIR / "tiny-trained",
+        ),
         BuiltinModel(
             "tiny-random", "random-weight tiny Qwen3-Next (dense MLP), byte tokenizer", tiny_qwen3_next_config
         ),
@@ -136,7 +150,8 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         ),
     )
 }
-DEFAULT_MODEL = "tiny-random"
+DEFAULT_MODEL = "tiny-trained"
+DEFAULT_LENGTH = 4096  # --length of generated benches when the model states no context length
 
 
 def build_random(config, seed: int = 0):
@@ -148,8 +163,15 @@ def build_random(config, seed: int = 0):
 
 
 def materialize_builtin(name: str) -> Path:
-    """Build a built-in model once into the cache directory and return its path."""
+    """The directory of a built-in model: the shipped one, or one built once into the cache directory."""
     spec = BUILTIN_MODELS[name]
+    if spec.shipped is not None:
+        if not (spec.shipped / "config.json").is_file():
+            raise ModelError(
+                f"the built-in model {name} is not in this installation ({spec.shipped} is missing): reinstall "
+                "kvbench from a full checkout (the weights are committed), or choose another --model"
+            )
+        return spec.shipped
     path = cache_dir() / "models" / f"{name}-{BUILTIN_VERSION}"
     if (path / "kvbench_builtin.json").exists():
         return path
@@ -174,26 +196,27 @@ class LoadedModel:
     fingerprint: str
     random_weights: bool
     source: str
+    context_length: int | None = None  # the length the model was trained for, when it says (kvbench_builtin.json)
 
 
 def load_model(
-    name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None
+    name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None
 ) -> LoadedModel:
-    """Load a built-in model name, a local directory, or (online only) a hub id."""
+    """Load a built-in model name, a local directory, or (online only) a hub id; None: ``DEFAULT_MODEL``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    random_weights = False
+    name_or_path = name_or_path or DEFAULT_MODEL
     if name_or_path in BUILTIN_MODELS:
         path = str(materialize_builtin(name_or_path))
-        random_weights = BUILTIN_MODELS[name_or_path].random_weights
         name = name_or_path
     elif Path(name_or_path).exists():
         path = name_or_path
-        marker = Path(path) / "kvbench_builtin.json"
-        random_weights = marker.exists() and json.loads(marker.read_text()).get("random_weights", False)
         name = Path(path).resolve().name
     else:
         path = name = name_or_path
+    marker = Path(path) / "kvbench_builtin.json"
+    info = json.loads(marker.read_text()) if marker.is_file() else {}
+    random_weights = bool(info.get("random_weights", False))
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
@@ -210,7 +233,9 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(name, model, tokenizer, fingerprint(model, tokenizer), random_weights, path)
+    return LoadedModel(
+        name, model, tokenizer, fingerprint(model, tokenizer), random_weights, path, info.get("context_length")
+    )
 
 
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:

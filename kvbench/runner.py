@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -22,9 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import kvbench
 from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
-from kvbench.errors import KvbenchError, MissingDataError
+from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.methods import EvictionMethod, get_method, method_class
-from kvbench.models import LoadedModel, cache_dir, load_model
+from kvbench.models import DEFAULT_LENGTH, LoadedModel, cache_dir, load_model
 from kvbench.prompt import Rendered, prompt_length, render
 from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
@@ -43,10 +43,10 @@ class RunConfig:
     out: Path
     tasks: list[str] | None = None
     allocations: list[str] | None = None  # None: each method's default
-    model: str = "tiny-random"
+    model: str | None = None  # None: kvbench.models.DEFAULT_MODEL
     engine: str = "torch"
     limit: int = 100
-    length: int = 4096
+    length: int | None = None  # None: the model's stated context length, else models.DEFAULT_LENGTH
     seed: int = 42
     shard: tuple[int, int] = (0, 1)
     device: str = "cpu"
@@ -122,6 +122,13 @@ def _contexts(config: RunConfig, lm: LoadedModel, store: ResultsStore, console: 
             store.record_missing(config.bench, task, str(exc))
             console.print(f"[yellow]{config.bench}/{task} is missing its data: {exc}[/yellow]")
             continue
+        except TooShortError as exc:
+            if config.tasks:  # asked for by name: the user's --length is wrong for it
+                raise
+            # every task of the bench: one that cannot fit this length is recorded (reports list it), not run
+            store.record_missing(config.bench, task, f"does not fit: {exc}")
+            console.print(f"[yellow]{config.bench}/{task} does not fit --length {config.length}: {exc}[/yellow]")
+            continue
         for ctx in contexts:
             if index % config.shard[1] == config.shard[0]:
                 yield ctx
@@ -166,6 +173,16 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
     }
 
 
+def resolve_defaults(config: RunConfig, lm: LoadedModel) -> RunConfig:
+    """``config`` with the model-dependent defaults filled in: the model actually loaded and the prompt
+    length (the model's stated context length, else ``DEFAULT_LENGTH``), as the manifest records them."""
+    return replace(
+        config,
+        model=config.model or lm.name,
+        length=config.length or lm.context_length or DEFAULT_LENGTH,
+    )
+
+
 def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
     """Execute ``config``; rows go to ``config.out/results.jsonl`` as they finish."""
     console = console or Console(stderr=True)
@@ -177,6 +194,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
     if config.threads:
         torch.set_num_threads(config.threads)
     lm = lm or load_model(config.model, device=config.device, dtype=config.dtype)
+    config = resolve_defaults(config, lm)
     if lm.random_weights:
         console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
     store.write_manifest(manifest_entry(config, lm))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.artifacts import META_KEY, check_fingerprint, read_artifact
+from kvbench.artifacts import META_KEY, check_fingerprint, find_calibration, read_artifact
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -435,7 +435,7 @@ class TriAttention(EvictionMethod):
             return Path(self.stats_path)
         fp = self.model_fingerprint(parent)
         if fp:
-            return default_stats_path(fp)
+            return find_calibration(default_stats_path(fp))
         raise KvbenchError(
             "TriAttention cannot locate its calibration statistics: `stats_path` is not set and the model "
             f"fingerprint is unknown (set `fingerprint` on the method); calibrate with `{CALIBRATE_COMMAND}`"

@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from kvbench.errors import KvbenchError, MissingDataError
+from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.tasks import Bench, Context, PromptLength, Question, register_bench
 from kvbench.tasks.ruler_data import (
     CWE,
@@ -606,10 +606,10 @@ class _Sizer:
     def fits(self, item: int, n: int) -> bool:
         return self.measured(item, n)[1] <= self.budget
 
-    def too_short(self, item: int, n: int) -> KvbenchError:
+    def too_short(self, item: int, n: int) -> TooShortError:
         g = self.gen
         need = self.measured(item, n)[1] + g.gen
-        return KvbenchError(
+        return TooShortError(
             f"--length {self.length} is too short for {g.bench}/{g.task}: with the smallest haystack "
             f"({n} {g.unit}) item {item}'s prompt already takes {need - g.gen} tokens "
             f"(+{g.gen} to generate); use --length >= {need}"

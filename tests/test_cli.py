@@ -14,6 +14,8 @@ from kvbench.methods import EvictionMethod, register_method
 from kvbench.results import ResultsStore
 
 LENGTH = "900"  # byte tokenizer: room for a few haystack lines plus 128 generated tokens
+# The suite runs the random-weight byte-tokenizer model (fast); tests/test_builtin_model.py covers the default.
+MODEL = ("--model", "tiny-random")
 
 
 @register_method
@@ -46,7 +48,7 @@ def read_rows(out):
 
 def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["run", "--method", "test-keynorm,full", "--p", "0.5,0.1", "--limit", "2", "--length", LENGTH]
+    args = ["run", *MODEL, "--method", "test-keynorm,full", "--p", "0.5,0.1", "--limit", "2", "--length", LENGTH]
     code = kvbench(*args, "--out", str(out))
     assert code == 0, capsys.readouterr().err
     rows = read_rows(out)
@@ -117,7 +119,7 @@ def test_report_without_results(tmp_path, capsys):
 
 
 def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, monkeypatch, capsys):
-    args = ["run", "--method", "random", "--p", "0.9,0.5,0.1", "--limit", "2", "--length", LENGTH]
+    args = ["run", *MODEL, "--method", "random", "--p", "0.9,0.5,0.1", "--limit", "2", "--length", LENGTH]
     assert kvbench(*args, "--out", str(tmp_path / "clean")) == 0
     clean = read_rows(tmp_path / "clean")
 
@@ -145,7 +147,7 @@ def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, monkeypatch, 
 
 
 def test_shards_partition_the_contexts(tmp_path):
-    base = ["run", "--method", "full", "--limit", "3", "--length", LENGTH]
+    base = ["run", *MODEL, "--method", "full", "--limit", "3", "--length", LENGTH]
     for i in range(2):
         assert kvbench(*base, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")) == 0
     items = [sorted(r["item"] for r in read_rows(tmp_path / f"s{i}")) for i in range(2)]
@@ -189,6 +191,7 @@ def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
     assert (
         kvbench(
             "run",
+            *MODEL,
             "--bench",
             "test-half-missing",
             "--method",
@@ -209,6 +212,40 @@ def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
     assert "absent" in capsys.readouterr().out
 
 
+def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, capsys):
+    """Running every task of a bench, one whose smallest prompt exceeds --length is recorded and listed in
+    the report (the others run); asking for it by name is an error naming the length it needs."""
+    from kvbench.errors import TooShortError
+    from kvbench.tasks import Bench, register_bench
+    from kvbench.tasks.needle import NeedleBench
+
+    @register_bench
+    class HalfLong(Bench):
+        name = "test-half-long"
+
+        def tasks(self):
+            return ["fits", "long"]
+
+        def contexts(self, task, *, length, limit, seed, prompt_length):
+            if task == "long":
+                raise TooShortError(f"--length {length} is too short for test-half-long/long; use --length >= 5000")
+            for ctx in NeedleBench().contexts(
+                "niah_single_1", length=length, limit=limit, seed=seed, prompt_length=prompt_length
+            ):
+                yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
+
+    out = tmp_path / "l"
+    base = ["run", *MODEL, "--bench", "test-half-long", "--method", "full", "--limit", "1", "--length", LENGTH]
+    assert kvbench(*base, "--out", str(out)) == 0, capsys.readouterr().err
+    assert {r["task"] for r in read_rows(out)} == {"fits"}
+    assert "test-half-long/long" in json.loads((out / "missing.json").read_text())
+    assert kvbench("report", "--results", str(out)) == 0
+    assert "long** missing: does not fit: --length 900 is too short" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert kvbench(*base, "--task", "long", "--out", str(tmp_path / "named")) == 2
+    assert "use --length >= 5000" in capsys.readouterr().err.replace("\n", " ")
+
+
 def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
     """Offline artifacts produced by the project's own commands, then every built-in method through
     `kvbench run` at p = 0.9, 0.5, 0.1 (issue: baseline zoo end to end)."""
@@ -219,7 +256,7 @@ def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
     corpus.mkdir(parents=True)
     for i in range(3):
         (corpus / f"d{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 23}" for j in range(60)))
-    assert kvbench("calibrate", "triattention", "--corpus", str(tmp_path / "corpus")) == 0
+    assert kvbench("calibrate", "triattention", *MODEL, "--corpus", str(tmp_path / "corpus")) == 0
     labels = tmp_path / "labels"
     assert (
         kvbench(
@@ -247,6 +284,7 @@ def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
     out = tmp_path / "all"
     code = kvbench(
         "run",
+        *MODEL,
         "--method",
         ",".join(methods),
         "--p",
@@ -278,7 +316,8 @@ def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
     """Both real benches through `kvbench run` and `report` with the tiny model, `--limit 1`, on the
     shipped fixtures (the essay file is absent there: those RULER tasks are recorded as missing)."""
     out = tmp_path / "benches"
-    common = ["--method", "full,keydiff", "--p", "0.5", "--limit", "1", "--data-dir", str(FIXTURES), "--out", str(out)]
+    common = [*MODEL, "--method", "full,keydiff", "--p", "0.5", "--limit", "1", "--data-dir", str(FIXTURES)]
+    common += ["--out", str(out)]
     assert (
         kvbench("run", "--bench", "ruler", "--task", "niah_single_1,niah_single_2,qa_1", "--length", "2048", *common)
         == 0

@@ -159,7 +159,10 @@ def test_trained_estimator_beats_random_on_held_out_corpora(tmp_path, cache):
 
     torch.manual_seed(0)
     summary = run(
-        RunConfig(methods=["gatesight"], bench="needle", ps=[0.5], out=tmp_path / "run", limit=1, length=900, threads=1)
+        RunConfig(
+            methods=["gatesight"], bench="needle", ps=[0.5], out=tmp_path / "run", limit=1, length=900, threads=1,
+            model="tiny-random",
+        )
     )
     rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
     assert summary.rows_written == 1 and rows[0]["method"] == "gatesight" and rows[0]["allocation"] == "gate"

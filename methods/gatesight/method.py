@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.artifacts import find_calibration
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -57,7 +58,7 @@ class GateSight(EvictionMethod):
             return Path(env)
         fp = self.model_fingerprint(parent)
         if fp:
-            return default_artifact_dir(fp)
+            return find_calibration(default_artifact_dir(fp))
         raise KvbenchError(
             "GateSight cannot locate its artifact: no `artifact` is set, $" + ARTIFACT_ENV + " is unset and the "
             f"model fingerprint is unknown (set `fingerprint` on the method); produce one with `{PRODUCE_COMMAND}`"

@@ -1,0 +1,93 @@
+"""The shipped default model (``tiny-trained``) and its shipped calibration artifacts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbench import artifacts, models
+from kvbench.methods import list_methods
+
+SHIPPED = models.BUILTIN_MODELS["tiny-trained"].shipped
+
+
+def test_find_calibration_prefers_the_users_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(artifacts, "SHIPPED_CALIBRATION", tmp_path / "shipped")
+    cached = tmp_path / "cache" / "calibration" / "triattention" / "abc.safetensors"
+    shipped = tmp_path / "shipped" / "triattention" / "abc.safetensors"
+    assert artifacts.find_calibration(cached) == cached  # neither: the write location, for the error message
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text("x")
+    assert artifacts.find_calibration(cached) == shipped
+    cached.parent.mkdir(parents=True)
+    cached.write_text("y")
+    assert artifacts.find_calibration(cached) == cached
+    elsewhere = tmp_path / "elsewhere.safetensors"  # not under the cache: returned as is
+    assert artifacts.find_calibration(elsewhere) == elsewhere
+
+
+def test_default_model_is_the_shipped_trained_one():
+    assert models.DEFAULT_MODEL == "tiny-trained"
+    lm = models.load_model()
+    assert lm.name == "tiny-trained" and lm.random_weights is False and lm.source == str(SHIPPED)
+    assert lm.context_length == json.loads((SHIPPED / "kvbench_builtin.json").read_text())["context_length"] >= 512
+    cfg = lm.model.config
+    assert cfg.model_type == "qwen3_next" and cfg.layer_types.count("full_attention") >= 3
+    assert cfg.layer_types.count("linear_attention") == 3 * cfg.layer_types.count("full_attention")
+    assert cfg.num_experts > 1 and cfg.linear_key_head_dim == cfg.linear_value_head_dim == 64
+    assert cfg.tie_word_embeddings is False
+    size = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    assert size <= 20 * 2**20, f"the shipped model takes {size / 2**20:.1f} MiB (budget 20)"
+    assert (SHIPPED / "MODEL_CARD.md").is_file()
+    # the tokenizer: digits are single tokens, ChatML template
+    ids = lm.tokenizer(" 1234567", add_special_tokens=False)["input_ids"]
+    assert len(ids) >= 7
+
+
+def test_shipped_calibration_matches_the_shipped_model():
+    """The shipped artifacts are keyed by, and were made for, the default model's fingerprint."""
+    from kvbench.methods.gatesight.estimator import default_artifact_dir, load_artifact
+    from kvbench.methods.triattention import default_stats_path, load_stats
+
+    lm = models.load_model()
+    tri = artifacts.find_calibration(default_stats_path(lm.fingerprint))
+    gs = artifacts.find_calibration(default_artifact_dir(lm.fingerprint))
+    assert str(tri).startswith(str(artifacts.SHIPPED_CALIBRATION)), "no shipped TriAttention statistics"
+    assert str(gs).startswith(str(artifacts.SHIPPED_CALIBRATION)), "no shipped GateSight estimator"
+    assert load_stats(tri, lm.fingerprint).fingerprint == lm.fingerprint
+    est = load_artifact(gs, lm.fingerprint)
+    assert len(est.gate_means) == lm.model.config.layer_types.count("full_attention")
+
+
+def test_every_method_runs_offline_on_the_default(tmp_path, capsys):
+    """``kvbench run`` with no --model / --length: every registered method runs on the shipped model with
+    the shipped artifacts, at the model's own context length (recorded in the manifest)."""
+    from tests.test_cli import kvbench, read_rows
+
+    methods = [m for m in list_methods() if not m.startswith("test-")]  # the built-in methods
+    out = tmp_path / "run"
+    code = kvbench(
+        "run", "--method", ",".join(methods), "--bench", "ruler", "--task", "niah_single_1", "--limit", "1",
+        "--p", "0.5", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    rows = read_rows(out)
+    assert {r["method"] for r in rows} == set(methods)
+    assert all(r["model"] == "tiny-trained" and not r["random_weights"] for r in rows)
+    run = json.loads((out / "manifest.json").read_text())["runs"][0]
+    assert run["config"]["model"] == "tiny-trained"
+    assert run["config"]["length"] == models.load_model().context_length
+    assert max(r["n_context"] for r in rows) <= run["config"]["length"]
+
+
+@pytest.mark.slow
+def test_default_model_retrieves_at_full_cache():
+    """The shipped model answers most niah_single_1 items at full cache (10 items, seed 42)."""
+    from kvbench.train_tiny import evaluate_quick
+
+    length = models.load_model().context_length
+    scores = evaluate_quick(Path(SHIPPED), tasks=("niah_single_1",), length=length, limit=10)
+    assert scores["niah_single_1"] >= 80.0, scores
