@@ -238,12 +238,21 @@ def load_model(
     )
 
 
+#: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
+#: another directory (a fresh clone) or under another transformers patch release keep their fingerprint.
+_NOT_THE_MODEL = ("_name_or_path", "transformers_version")
+
+
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
-    """SHA-256 over the config, every parameter's name/shape/dtype and a strided sample of its values
-    (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at any scale, and
-    different for any two models that differ in architecture, tokenizer or (almost surely) weights."""
+    """SHA-256 over the config (less ``_NOT_THE_MODEL``), every parameter's name/shape/dtype and a strided
+    sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at
+    any scale, and different for any two models that differ in architecture, tokenizer or (almost surely)
+    weights; the same for one model wherever it is loaded from."""
     h = hashlib.sha256()
-    h.update(model.config.to_json_string(use_diff=False).encode())
+    config = model.config.to_dict()
+    for where_from in _NOT_THE_MODEL:
+        config.pop(where_from, None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
         sample = flat[:: max(1, flat.numel() // 1024)][:1024].float().cpu()

@@ -17,6 +17,7 @@ export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default loc
 .venv/bin/kvbench calibrate triattention --model "$MODEL" --corpus "$WORK/corpus"
 .venv/bin/kvbench gatesight label --model "$MODEL" --corpus "$WORK/corpus" --out "$WORK/labels" --threads "$THREADS"
 .venv/bin/kvbench gatesight train --labels "$WORK/labels" --threads "$THREADS"
+rm -rf kvbench/builtin/calibration   # artifacts are keyed by fingerprint: drop those of older weights
 mkdir -p kvbench/builtin/calibration
 cp -r "$WORK/cache/calibration/." kvbench/builtin/calibration/
 echo "shipped calibration artifacts:"

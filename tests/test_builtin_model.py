@@ -91,3 +91,13 @@ def test_default_model_retrieves_at_full_cache():
     length = models.load_model().context_length
     scores = evaluate_quick(Path(SHIPPED), tasks=("niah_single_1",), length=length, limit=10)
     assert scores["niah_single_1"] >= 80.0, scores
+
+
+def test_fingerprint_does_not_depend_on_where_the_model_is(tmp_path):
+    """A fresh clone loads the shipped model from another directory: the fingerprint (which keys the shipped
+    artifacts) must not change with the path."""
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "tiny-trained"
+    shutil.copytree(SHIPPED, copy)
+    assert models.load_model(str(copy)).fingerprint == models.load_model().fingerprint
