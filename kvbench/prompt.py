@@ -61,7 +61,8 @@ def template_parts(tokenizer) -> tuple[str, str]:
     return head, tail
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens added (``[]`` for empty text)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
@@ -73,9 +74,9 @@ def render(tokenizer, context: Context, max_length: int | None = None) -> Render
     kept, as SCBench does) and ``truncated_from`` records the original context length.
     """
     head, tail = template_parts(tokenizer)
-    prefix_ids = _encode(tokenizer, head + context.instruction + "\n")
-    body_ids = _encode(tokenizer, context.body)
-    question_ids = [_encode(tokenizer, "\n" + q.text + tail + q.answer_prefix) for q in context.questions]
+    prefix_ids = encode(tokenizer, head + context.instruction + "\n")
+    body_ids = encode(tokenizer, context.body)
+    question_ids = [encode(tokenizer, "\n" + q.text + tail + q.answer_prefix) for q in context.questions]
     if not body_ids:
         raise KvbenchError(f"empty context body in {context.bench}/{context.task} item {context.item}")
     truncated_from = None

@@ -46,6 +46,7 @@ import torch
 
 from kvbench.errors import KvbenchError
 from kvbench.models import CHAT_TEMPLATE, SPECIAL_TOKENS
+from kvbench.prompt import encode
 
 TRAIN_SEED_BASE = 10_000  # training generator seeds are >= this; evaluation uses seed 42
 EVAL_SEED = 42
@@ -233,7 +234,7 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
     def measure(ctx) -> int:  # the bench checks measure + max_new_tokens <= length
         r = render(tokenizer, ctx)
         q = ctx.questions[0]
-        answer = tokenizer(_answer_text(ctx.task, q), add_special_tokens=False)["input_ids"]
+        answer = encode(tokenizer, _answer_text(ctx.task, q))
         return len(r.context_ids) + len(r.question_ids[0]) + len(answer) + 1 - q.max_new_tokens
 
     try:
@@ -242,7 +243,7 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
         return None
     r = render(tokenizer, ctx)
     q = ctx.questions[0]
-    answer = list(tokenizer(_answer_text(ctx.task, q), add_special_tokens=False)["input_ids"]) + [eos]
+    answer = encode(tokenizer, _answer_text(ctx.task, q)) + [eos]
     prompt = r.context_ids + r.question_ids[0]
     return prompt + answer, [0] * len(prompt) + [1] * len(answer), tuple(q.references)
 
@@ -252,10 +253,6 @@ class Example(NamedTuple):
     loss_mask: torch.Tensor  # [length] long, 1 on the supervised tokens (see training_example)
     task: str
     references: tuple  # the answers the supervised tokens spell (empty for "repeat")
-
-
-def _ids(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _recall_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
@@ -270,17 +267,17 @@ def _recall_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
     type_k = "words" if rng.random() < 0.7 or target < 320 else "uuids"
     type_v = "numbers" if rng.random() < 0.7 or target < 320 else "uuids"
     noise_share = rng.choice((0.0, 0.3, 0.6, 0.85))
-    nl = _ids(tokenizer, "\n")
-    ids: list[int] = _ids(tokenizer, f"Some special magic {type_v} are hidden within the following text.")
+    nl = encode(tokenizer, "\n")
+    ids: list[int] = encode(tokenizer, f"Some special magic {type_v} are hidden within the following text.")
     qas: list[tuple[list[int], list[int], str]] = []  # (question ids, answer ids, value) per needle
     while True:
         if qas and rng.random() < noise_share:
-            line, qa = _ids(tokenizer, NOISE), None
+            line, qa = encode(tokenizer, NOISE), None
         else:
             key, value = _draw(rng, type_k), _draw(rng, type_v)
-            line = _ids(tokenizer, NEEDLE.format(type_v=type_v, key=key, value=value))
-            question = _ids(tokenizer, f"The special magic {type_v[:-1]} for {key} mentioned in the provided text is")
-            qa = (nl + question, _ids(tokenizer, f" {value}."), value)
+            line = encode(tokenizer, NEEDLE.format(type_v=type_v, key=key, value=value))
+            question = encode(tokenizer, f"The special magic {type_v[:-1]} for {key} mentioned in the provided text is")
+            qa = (nl + question, encode(tokenizer, f" {value}."), value)
         pending = qas + [qa] if qa else qas
         if len(ids) + len(nl) + len(line) + sum(len(q) + len(a) for q, a, _ in pending) > target:
             break
@@ -305,7 +302,7 @@ def _chains_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
     variables in order. Supervised: the variable names. None when nothing fits ``target``."""
     from kvbench.tasks.ruler_data import NOISE, VT
 
-    nl = _ids(tokenizer, "\n")
+    nl = encode(tokenizer, "\n")
     for n_chains in range(rng.randint(1, 3), 0, -1):
         chains = []
         for _ in range(n_chains):
@@ -326,13 +323,13 @@ def _chains_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
             question = VT.question_text().format(query=value) + "\n"
             prefix = VT.answer_prefix.format(num_v=len(names), query=value)
             qa_text.append((question + prefix, " ".join(names)))
-        head = _ids(tokenizer, VT.instruction_text())
-        qa = [(nl + _ids(tokenizer, q), _ids(tokenizer, a)) for q, a in qa_text]
-        body = [_ids(tokenizer, line) for line in lines]
+        head = encode(tokenizer, VT.instruction_text())
+        qa = [(nl + encode(tokenizer, q), encode(tokenizer, a)) for q, a in qa_text]
+        body = [encode(tokenizer, line) for line in lines]
         fixed = len(head) + sum(len(nl) + len(b) for b in body) + sum(len(q) + len(a) for q, a in qa)
         if fixed > target:
             continue
-        noise = _ids(tokenizer, NOISE)
+        noise = encode(tokenizer, NOISE)
         n_noise = rng.randint(0, (target - fixed) // (len(noise) + len(nl)))
         where = sorted(rng.sample(range(len(body) + n_noise), len(body)))
         ids, it = list(head), iter(body)
@@ -349,7 +346,7 @@ def _chains_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
 def _repeat_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple]:
     """A synthetic text segment of ``target // 2`` tokens written twice; supervised: the second copy."""
     half = max(1, target // 2)
-    seg = _ids(tokenizer, _synthetic_text(rng, 6 * half))[:half]
+    seg = encode(tokenizer, _synthetic_text(rng, 6 * half))[:half]
     return seg + seg, [0] * len(seg) + [1] * len(seg), ()
 
 

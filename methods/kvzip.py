@@ -31,7 +31,7 @@ import torch
 
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
-from kvbench.prompt import template_parts
+from kvbench.prompt import encode, template_parts
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."
 NEXT_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with "
@@ -79,16 +79,15 @@ class KVzip(EvictionMethod):
         if tok is None:
             raise KvbenchError("kvzip builds reconstruction prompts and needs the engine's tokenizer")
         _, tail = template_parts(tok)
-        encode = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
         ids = parent.token_ids
         out = []
         for start in range(parent.prot, parent.n, self.chunk_size):
             end = min(start + self.chunk_size, parent.n)
             if start == parent.prot:
-                prompt = encode(FIRST_PROMPT)
+                prompt = encode(tok, FIRST_PROMPT)
             else:
-                prompt = encode(NEXT_PROMPT) + ids[start - self.prev_tokens : start]
-            out.append((start, end, prompt + encode(tail) + ids[start:end]))
+                prompt = encode(tok, NEXT_PROMPT) + ids[start - self.prev_tokens : start]
+            out.append((start, end, prompt + encode(tok, tail) + ids[start:end]))
         return out
 
     def score(self, parent):

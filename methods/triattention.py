@@ -33,6 +33,7 @@ from kvbench.artifacts import META_KEY, check_fingerprint, find_calibration, rea
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
+from kvbench.prompt import encode
 
 CALIBRATE_COMMAND = "kvbench calibrate triattention --model M --corpus PATH"
 FORMAT = "kvbench-triattention-v1"
@@ -262,7 +263,7 @@ def _token_ids(tokenizer, doc) -> list[int]:
     if isinstance(doc, str):
         if tokenizer is None:
             raise KvbenchError("calibration texts need a tokenizer")
-        return [int(t) for t in tokenizer(doc, add_special_tokens=False)["input_ids"]]
+        return encode(tokenizer, doc)
     return [int(t) for t in doc]
 
 

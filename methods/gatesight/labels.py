@@ -123,7 +123,7 @@ def label_corpus(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvbench.engines.torch_engine import TorchEngine
-    from kvbench.prompt import template_parts
+    from kvbench.prompt import encode, template_parts
 
     config = config or LabelConfig()
     out = Path(out)
@@ -162,10 +162,7 @@ def label_corpus(
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     head, tail = template_parts(tokenizer) if tokenizer is not None else ("", "")
 
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-    prefix, suffix = encode(head), encode(tail)
+    prefix, suffix = encode(tokenizer, head), encode(tokenizer, tail)
     from kvbench.budgets import protected_length
 
     summary = {"labelled": 0, "skipped_existing": 0, "skipped_short": 0, "dir": str(out)}
@@ -179,7 +176,7 @@ def label_corpus(
                 summary["skipped_existing"] += 1
                 bar.advance(task)
                 continue
-            body = encode(doc.text)[: config.max_doc_tokens]
+            body = encode(tokenizer, doc.text)[: config.max_doc_tokens]
             if len(body) < config.min_doc_tokens:
                 summary["skipped_short"] += 1
                 bar.advance(task)
