@@ -258,12 +258,12 @@ def calibrate(
 @app.command("train-tiny")
 def train_tiny(
     out: Path = typer.Option(Path("models/tiny-trained"), "--out", "-o", help="Output dir (checkpoints, final/)."),
-    steps: int = typer.Option(3850, "--steps", help="Optimizer steps."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default: 3,850, the shipped run)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Rows per step."),
     lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (warm-up + cosine)."),
     seed: int = typer.Option(0, "--seed", help="Training seed (RULER generator seeds >= 10000; evaluation uses 42)."),
-    curriculum: str = typer.Option(
-        "128@0,256@0.156,512@0.779,1024@0.961", "--curriculum", help="LENGTH@START_FRACTION,…"
+    curriculum: Optional[str] = typer.Option(
+        None, "--curriculum", help="LENGTH@START_FRACTION,… (default: 128@0,256@0.156,512@0.779,1024@0.961)."
     ),
     save_every: int = typer.Option(250, "--save-every", help="Checkpoint every N steps."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint."),
@@ -279,22 +279,23 @@ def train_tiny(
     The defaults reproduce the shipped `tiny-trained` model."""
     import json
 
-    from kvbench.train_tiny import NO_EXTERNAL_DATA_TASKS, evaluate_quick, export_builtin, parse_curriculum, train
+    from kvbench import train_tiny as T
 
-    final = train(
-        out, steps=steps, batch_size=batch_size, lr=lr, seed=seed, curriculum=parse_curriculum(curriculum),
+    final = T.train(
+        out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
+        curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
-    target = export_builtin(final, export) if export else final
+    target = T.export_builtin(final, export) if export else final
     if eval_limit > 0:
         length = json.loads((final / "kvbench_builtin.json").read_text())["context_length"]
-        scores = evaluate_quick(target, tasks=NO_EXTERNAL_DATA_TASKS, length=length, limit=eval_limit)
+        scores = T.evaluate_quick(target, tasks=T.NO_EXTERNAL_DATA_TASKS, length=length, limit=eval_limit)
         for task, score in scores.items():
             err_console.print(f"{task:18} {score:.1f}")
         err_console.print(f"{'mean':18} {sum(scores.values()) / len(scores):.1f}")
         if export:
-            export_builtin(final, export, evaluation=scores)
+            T.export_builtin(final, export, evaluation=scores)
     if export:
         err_console.print(f"[green]exported:[/green] {export}")
 

@@ -308,14 +308,14 @@ def _chains_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
         for _ in range(n_chains):
             names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(rng.randint(2, 5))]
             chains.append((str(rng.randint(10000, 99999)), names))
-        steps = [(c, i) for c in range(n_chains) for i in range(len(chains[c][1]))]
-        order = sorted(range(len(steps)), key=lambda _: rng.random())
-        # keep each chain's own order: the j-th drawn slot of chain c gets its j-th assignment
-        slots = {c: iter(i for _, i in sorted((s for s in steps if s[0] == c))) for c in range(n_chains)}
+        owners = [c for c, (_, names) in enumerate(chains) for _ in names]  # one slot per assignment
+        order = sorted(range(len(owners)), key=lambda _: rng.random())
+        # chains interleave, each in its own order: chain c's j-th slot in the shuffle gets its j-th assignment
+        done = [0] * n_chains
         lines = []
         for k in order:
-            c = steps[k][0]
-            i = next(slots[c])
+            c = owners[k]
+            i, done[c] = done[c], done[c] + 1
             value, names = chains[c]
             lines.append(f"VAR {names[i]} = {value}" if i == 0 else f"VAR {names[i]} = VAR {names[i - 1]} ")
         qa_text = []
