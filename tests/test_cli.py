@@ -167,25 +167,32 @@ def test_random_method_is_seeded_per_context():
     assert not torch.equal(get_method("random", seed=1).score(Parent())[0], a[0])
 
 
-def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
-    from kvbench.errors import MissingDataError
+def _register_half_bench(bench: str, good: str, bad: str, error: type[Exception], message: str) -> None:
+    """Register bench ``bench``: task ``good`` yields needle contexts, task ``bad`` raises ``error(message)``."""
     from kvbench.tasks import Bench, register_bench
     from kvbench.tasks.needle import NeedleBench
 
     @register_bench
-    class HalfMissing(Bench):
-        name = "test-half-missing"
+    class Half(Bench):
+        name = bench
 
         def tasks(self):
-            return ["present", "absent"]
+            return [good, bad]
 
         def contexts(self, task, *, length, limit, seed, prompt_length):
-            if task == "absent":
-                raise MissingDataError("ruler/absent.json not found; set --data-dir")
+            if task == bad:
+                raise error(message)
             for ctx in NeedleBench().contexts(
                 "niah_single_1", length=length, limit=limit, seed=seed, prompt_length=prompt_length
             ):
                 yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
+
+
+def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
+    from kvbench.errors import MissingDataError
+
+    message = "ruler/absent.json not found; set --data-dir"
+    _register_half_bench("test-half-missing", "present", "absent", MissingDataError, message)
 
     out = tmp_path / "m"
     assert (
@@ -216,23 +223,9 @@ def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, capsy
     """Running every task of a bench, one whose smallest prompt exceeds --length is recorded and listed in
     the report (the others run); asking for it by name is an error naming the length it needs."""
     from kvbench.errors import TooShortError
-    from kvbench.tasks import Bench, register_bench
-    from kvbench.tasks.needle import NeedleBench
 
-    @register_bench
-    class HalfLong(Bench):
-        name = "test-half-long"
-
-        def tasks(self):
-            return ["fits", "long"]
-
-        def contexts(self, task, *, length, limit, seed, prompt_length):
-            if task == "long":
-                raise TooShortError(f"--length {length} is too short for test-half-long/long; use --length >= 5000")
-            for ctx in NeedleBench().contexts(
-                "niah_single_1", length=length, limit=limit, seed=seed, prompt_length=prompt_length
-            ):
-                yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
+    message = f"--length {LENGTH} is too short for test-half-long/long; use --length >= 5000"
+    _register_half_bench("test-half-long", "fits", "long", TooShortError, message)
 
     out = tmp_path / "l"
     base = ["run", *MODEL, "--bench", "test-half-long", "--method", "full", "--limit", "1", "--length", LENGTH]
