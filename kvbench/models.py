@@ -241,17 +241,29 @@ def load_model(
 #: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
 #: another directory (a fresh clone) or under another transformers patch release keep their fingerprint.
 _NOT_THE_MODEL = ("_name_or_path", "transformers_version")
+#: RoPE settings that some transformers releases also copy to the top level of the config (5.19 does for
+#: partial_rotary_factor, 5.24 does not); a top-level copy equal to ``rope_parameters``' value is dropped.
+_ROPE_ALIASES = ("partial_rotary_factor", "rope_theta")
+
+
+def _canonical_config(config: dict) -> dict:
+    """``config`` without where-from keys and without top-level copies of ``rope_parameters`` entries."""
+    config = {k: v for k, v in config.items() if k not in _NOT_THE_MODEL}
+    rope = config.get("rope_parameters") or {}
+    for alias in _ROPE_ALIASES:
+        if alias in config and isinstance(rope, dict) and rope.get(alias) == config[alias]:
+            del config[alias]
+    return config
 
 
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
     """SHA-256 over the config (less ``_NOT_THE_MODEL``), every parameter's name/shape/dtype and a strided
     sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at
     any scale, and different for any two models that differ in architecture, tokenizer or (almost surely)
-    weights; the same for one model wherever it is loaded from."""
+    weights; the same for one model wherever it is loaded from, and under transformers 5.19 (the vLLM
+    environment) and 5.24."""
     h = hashlib.sha256()
-    config = model.config.to_dict()
-    for where_from in _NOT_THE_MODEL:
-        config.pop(where_from, None)
+    config = _canonical_config(model.config.to_dict())
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)

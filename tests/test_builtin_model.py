@@ -101,3 +101,15 @@ def test_fingerprint_does_not_depend_on_where_the_model_is(tmp_path):
     copy = tmp_path / "elsewhere" / "tiny-trained"
     shutil.copytree(SHIPPED, copy)
     assert models.load_model(str(copy)).fingerprint == models.load_model().fingerprint
+
+
+def test_fingerprint_ignores_top_level_rope_copies():
+    """transformers 5.19 (the vLLM environment) copies ``partial_rotary_factor`` to the config's top level,
+    5.24 does not: the same model must keep its fingerprint (and so its artifacts) in both."""
+    lm = models.load_model("tiny-random")
+    before = models.fingerprint(lm.model, lm.tokenizer)
+    factor = lm.model.config.rope_parameters["partial_rotary_factor"]
+    lm.model.config.partial_rotary_factor = factor
+    assert models.fingerprint(lm.model, lm.tokenizer) == before
+    lm.model.config.partial_rotary_factor = factor / 2  # a real difference still counts
+    assert models.fingerprint(lm.model, lm.tokenizer) != before
