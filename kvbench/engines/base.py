@@ -12,18 +12,29 @@ index, which is ``attn_layer_ids[f]``); GDN layers by ordinal into ``gdn_layer_i
 from __future__ import annotations
 
 import hashlib
+import time
+import uuid
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from kvbench.errors import ProtocolError
+from kvbench.errors import KvbenchError, ProtocolError
 
 
 def context_sha256(token_ids: Sequence[int]) -> str:
     """SHA-256 of the context token ids (little-endian int64), the context's identity."""
     return hashlib.sha256(torch.tensor(list(token_ids), dtype=torch.int64).numpy().tobytes()).hexdigest()
+
+
+def check_context_sha(expected: str, given: str) -> None:
+    """Raise unless a question's context hash ``given`` is the session's ``expected`` one."""
+    if given != expected:
+        raise ProtocolError(
+            f"context hash mismatch: the session holds context {expected[:12]}…, the question belongs to "
+            f"{str(given)[:12]}…; prefill that context first"
+        )
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,78 @@ class ChildSession(Session):
         """Free the child's storage; the parent can fork again."""
 
 
+class EngineBase:
+    """What every engine shares: the tokenizer, the registry of live sessions and input checks.
+
+    Subclasses set ``tokenizer``, ``max_context`` and ``_sessions`` (``{}``) in ``__init__``."""
+
+    tokenizer: object
+    max_context: int
+    _sessions: dict
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def session(self, session_id: str) -> Session:
+        """Look a live session up by id; unknown or released ids are an error."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ProtocolError(f"unknown session {session_id!r}; it was never created by this engine")
+        session._check_live()
+        return session
+
+    def _new_id(self) -> str:
+        return uuid.uuid4().hex[:12]
+
+    def greedy(
+        self,
+        first_logits: torch.Tensor,
+        step: Callable[[int], torch.Tensor],
+        max_new_tokens: int,
+        stops: set[int],
+        return_logits: bool,
+        start: float,
+    ) -> Answer:
+        """The harness's greedy loop, shared by the engines. ``first_logits`` ``[vocab]``: the logits after the
+        question; ``step(token)`` feeds one token and returns the next logits. Stops at a stop id (not
+        included) or after ``max_new_tokens``; ``start`` is the ``perf_counter`` time the answer began."""
+        logits, generated, stopped = first_logits, [], False
+        log: list[torch.Tensor] = []
+        for i in range(max_new_tokens):
+            if return_logits:
+                log.append(logits.float().cpu())
+            token = int(logits.argmax())
+            if token in stops:
+                stopped = True
+                break
+            generated.append(token)
+            if i == max_new_tokens - 1:
+                break
+            logits = step(token)
+        return Answer(
+            token_ids=generated,
+            text=self.decode(generated),
+            stopped=stopped,
+            seconds=time.perf_counter() - start,
+            step_logits=torch.stack(log) if return_logits and log else None,
+        )
+
+    def _context_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """``token_ids`` as ints, refused when empty or longer than ``max_context``."""
+        token_ids = [int(t) for t in token_ids]
+        if not token_ids:
+            raise KvbenchError("empty context: the bench produced no context tokens")
+        if len(token_ids) > self.max_context:
+            raise KvbenchError(
+                f"context of {len(token_ids)} tokens exceeds the model limit of {self.max_context}; "
+                "middle-truncate it first (the runner does this automatically)"
+            )
+        return token_ids
+
+
 class ParentSession(Session):
     """The unpruned prefilled context, read by methods and forked by the runner."""
 
@@ -140,13 +223,16 @@ class ParentSession(Session):
         """Post-RoPE queries ``[H, len(positions), D]`` of attention layer ``f`` at context positions
         (the model's own q projection, q/gate split, q_norm and RoPE)."""
 
-    @abstractmethod
     def signals(self) -> GdnSignals:
-        """GDN signals captured during the prefill."""
+        """GDN signals captured during the prefill (engines store them in ``_signals``)."""
+        self._check_live()
+        return self._signals
 
-    @abstractmethod
     def gate(self, f: int) -> torch.Tensor:
-        """Attention output gate ``sigmoid(gate)`` averaged over the head dim, ``[n, H]``."""
+        """Attention output gate ``sigmoid(gate)`` averaged over the head dim, ``[n, H]`` (engines store one
+        per layer ordinal in ``_gate``)."""
+        self._check_live()
+        return self._gate[f]
 
     def gate_means(self) -> list[float]:
         """Per attention layer: mean over tokens and head dim of the output gate, max over the query
@@ -174,6 +260,46 @@ class ParentSession(Session):
         of the context, positions ``n, n+1, …``); the parent is not changed. Returns, per attention layer
         ordinal, the probe tokens' post-RoPE queries ``[H, T, D]`` and keys ``[H_kv, T, D]``. Used by
         methods that run an extra pass (KVzip's reconstruction)."""
+
+    def _set_context(self, engine, token_ids: list[int], prot: int, attn_layer_ids, gdn_layer_ids, seconds: float):
+        """The fields every parent holds: the context, its hash and protected prefix, the layer layout and
+        head sizes (from ``engine``), and the prefill time."""
+        self.token_ids = token_ids
+        self.sha256 = context_sha256(token_ids)
+        self.n = len(token_ids)
+        if not 0 <= prot <= self.n:
+            raise KvbenchError(f"protected prefix {prot} is outside [0, {self.n}]")
+        self.prot = prot
+        self.attn_layer_ids = list(attn_layer_ids)
+        self.gdn_layer_ids = list(gdn_layer_ids)
+        self.n_heads, self.n_kv_heads, self.head_dim = engine.n_heads, engine.n_kv_heads, engine.head_dim
+        self.prefill_seconds = seconds
+
+    def _query_columns(self, positions: Sequence[int], first: int) -> torch.Tensor:
+        """Columns of ``positions`` in queries recorded for context positions ``first .. n-1``."""
+        pos = torch.as_tensor(list(positions), dtype=torch.long)
+        if len(pos) and (int(pos.min()) < first or int(pos.max()) >= self.n):
+            raise KvbenchError(
+                f"queries were kept for positions {first}..{self.n - 1} only; prefill with a larger "
+                "query_window (a method declares it with its `query_window` attribute)"
+            )
+        return pos - first
+
+    def validate_kept(self, kept: Sequence[Sequence[torch.Tensor]]) -> None:
+        """Raise unless ``kept[f][h]`` is, for every layer ordinal and KV head, a sorted duplicate-free 1-D
+        LongTensor of context positions."""
+        if len(kept) != self.n_attn_layers:
+            raise KvbenchError(f"kept has {len(kept)} layers, the model has {self.n_attn_layers} attention layers")
+        for f, heads in enumerate(kept):
+            if len(heads) != self.n_kv_heads:
+                raise KvbenchError(f"kept[{f}] has {len(heads)} heads, the model has {self.n_kv_heads} KV heads")
+            for h, idx in enumerate(heads):
+                if idx.dim() != 1 or idx.dtype != torch.long:
+                    raise KvbenchError(f"kept[{f}][{h}] must be a 1-D LongTensor of positions")
+                if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
+                    raise KvbenchError(f"kept[{f}][{h}] has positions outside [0, {self.n})")
+                if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
+                    raise KvbenchError(f"kept[{f}][{h}] must be sorted and free of duplicates")
 
     @abstractmethod
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> ChildSession:

