@@ -4,20 +4,30 @@
 #   1. TriAttention query statistics   (kvbench calibrate triattention)
 #   2. GateSight utility labels         (kvbench gatesight label: the model's own rollouts)
 #   3. GateSight estimator + gate means (kvbench gatesight train)
+# Each artifact is keyed by the model fingerprint, which includes the dtype: DTYPES (default
+# "float32 bfloat16") lists the dtypes to calibrate for; bfloat16 is what --engine vllm runs. CLEAN=1 (default)
+# first drops every shipped artifact (those of older weights); CLEAN=0 adds to them (one dtype at a time).
 # Usage: bash scripts/calibrate_tiny.sh [MODEL] [THREADS]   (default: tiny-trained, 2). Deterministic.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-tiny-trained}
 THREADS=${2:-2}
+DTYPES=${DTYPES:-float32 bfloat16}
+CLEAN=${CLEAN:-1}
 WORK=.kvbench_cache/calibrate-tiny
 rm -rf "$WORK"
 mkdir -p "$WORK"
 export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default locations here, then we copy
 .venv/bin/python -c "from kvbench.train_tiny import write_calibration_corpus as w; w('$WORK/corpus')"
-.venv/bin/kvbench calibrate triattention --model "$MODEL" --corpus "$WORK/corpus"
-.venv/bin/kvbench gatesight label --model "$MODEL" --corpus "$WORK/corpus" --out "$WORK/labels" --threads "$THREADS"
-.venv/bin/kvbench gatesight train --labels "$WORK/labels" --threads "$THREADS"
-rm -rf kvbench/builtin/calibration   # artifacts are keyed by fingerprint: drop those of older weights
+for DTYPE in $DTYPES; do
+  .venv/bin/kvbench calibrate triattention --model "$MODEL" --corpus "$WORK/corpus" --dtype "$DTYPE"
+  .venv/bin/kvbench gatesight label --model "$MODEL" --corpus "$WORK/corpus" --out "$WORK/labels-$DTYPE" \
+    --threads "$THREADS" --dtype "$DTYPE"
+  .venv/bin/kvbench gatesight train --labels "$WORK/labels-$DTYPE" --threads "$THREADS"
+done
+if [ "$CLEAN" = 1 ]; then
+  rm -rf kvbench/builtin/calibration   # artifacts are keyed by fingerprint: drop those of older weights
+fi
 mkdir -p kvbench/builtin/calibration
 cp -r "$WORK/cache/calibration/." kvbench/builtin/calibration/
 echo "shipped calibration artifacts:"

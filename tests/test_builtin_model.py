@@ -47,12 +47,14 @@ def test_default_model_is_the_shipped_trained_one():
     assert len(ids) >= 7
 
 
-def test_shipped_calibration_matches_the_shipped_model():
-    """The shipped artifacts are keyed by, and were made for, the default model's fingerprint."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shipped_calibration_matches_the_shipped_model(dtype):
+    """The shipped artifacts are keyed by, and were made for, the default model's fingerprint, in float32 (the
+    torch engine's default on CPU) and bfloat16 (--engine vllm, --dtype bfloat16)."""
     from kvbench.methods.gatesight.estimator import default_artifact_dir, load_artifact
     from kvbench.methods.triattention import default_stats_path, load_stats
 
-    lm = models.load_model()
+    lm = models.load_model(dtype=dtype)
     tri = artifacts.find_calibration(default_stats_path(lm.fingerprint))
     gs = artifacts.find_calibration(default_artifact_dir(lm.fingerprint))
     assert str(tri).startswith(str(artifacts.SHIPPED_CALIBRATION)), "no shipped TriAttention statistics"
