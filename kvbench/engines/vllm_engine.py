@@ -76,6 +76,11 @@ class _Capture:
         self.gdn_current: int | None = None
 
 
+#: The capture in progress, read by every hook. Module-level because vLLM's GDN kernel is wrapped once per
+#: process (``vllm._custom_ops``) while several engines may live in one process, one forward at a time.
+_ACTIVE: list[_Capture | None] = [None]
+
+
 class VllmEngine(EngineBase):
     """Prefills contexts into parent sessions on vLLM.
 
@@ -129,7 +134,6 @@ class VllmEngine(EngineBase):
 
             stop_ids = stop_token_ids(tokenizer, None) if tokenizer is not None else ()
         self.stop_ids = tuple(stop_ids)
-        self._capture: _Capture | None = None
         self._install_hooks()
         self._sessions: dict[str, VllmParent | VllmChild] = {}
 
@@ -212,13 +216,12 @@ class VllmEngine(EngineBase):
     def _install_hooks(self) -> None:
         import vllm._custom_ops as ops
 
-        engine = self
         for f, module in enumerate(self.attn_modules):
             original = module._project_qkv_gate
 
             def project(qkv, positions, _original=original, _f=f):
                 q, k, v, gate = _original(qkv, positions)
-                cap = engine._capture
+                cap = _ACTIVE[0]
                 if cap is not None:
                     cap.q[_f], cap.k[_f], cap.v[_f] = q.detach().clone(), k.detach().clone(), v.detach().clone()
                     cap.gate[_f] = None if gate is None else gate.detach().clone()
@@ -226,14 +229,14 @@ class VllmEngine(EngineBase):
 
             module._project_qkv_gate = project
         for f, module in enumerate(self.gdn_modules):
-            module.register_forward_pre_hook(lambda mod, args, _f=f: setattr(engine._capture, "gdn_current", _f)
-                                             if engine._capture is not None else None)  # fmt: skip
+            module.register_forward_pre_hook(lambda mod, args, _f=f: setattr(_ACTIVE[0], "gdn_current", _f)
+                                             if _ACTIVE[0] is not None else None)  # fmt: skip
         kernel = ops.chunk_gated_delta_rule_cpu
         if getattr(kernel, "_kvbench_wrapped", False):
             return
 
         def chunk_rule(query, key, value, g, beta, *args, **kwargs):
-            cap = engine._capture
+            cap = _ACTIVE[0]
             if cap is not None:
                 f = cap.gdn_current
                 if f is None:
@@ -249,11 +252,11 @@ class VllmEngine(EngineBase):
 
     @contextmanager
     def _capturing(self) -> Iterator[_Capture]:
-        self._capture = _Capture(len(self.attn_modules), len(self.gdn_modules))
+        _ACTIVE[0] = _Capture(len(self.attn_modules), len(self.gdn_modules))
         try:
-            yield self._capture
+            yield _ACTIVE[0]
         finally:
-            self._capture = None
+            _ACTIVE[0] = None
 
     # ---------------------------------------------------------------------------------------------
     # Forward
@@ -479,7 +482,7 @@ class VllmParent(ParentSession):
                 raise KvbenchError(
                     f"kept[{f}] keeps {sorted(counts)} entries on different KV heads; the vllm engine needs the "
                     "same count on every head of a layer (vLLM's attention has one length per layer): use a "
-                    "per-head-uniform allocation (flat, pyramid or gate), or the torch engine"
+                    "per-head-uniform allocation (--allocation flat, pyramid or gate), or --engine torch"
                 )
 
     @torch.no_grad()

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
 SCRIPT = ROOT / "scripts" / "vllm_crossengine.py"
 
-#: Minimum mean body overlap of the kept sets, per method at p = 0.5 and 0.1 (measured: see the script's
-#: output in the closing note; ties broken differently by bf16 rounding account for the rest).
-MIN_OVERLAP = 0.9
+#: Minimum mean body overlap of the kept sets, per method at p = 0.5 and 0.1. Measured on 10 items
+#: (niah_single_1 + niah_multikey_2): means 0.984-0.997, lowest single item 0.975 (SnapKV at p = 0.1); the
+#: rest is bf16 rounding reordering near-tied scores.
+MIN_OVERLAP = 0.95
 
 
 @pytest.mark.skipif(not MAIN_PYTHON.exists(), reason="the torch side needs the main environment (.venv)")
