@@ -96,6 +96,7 @@ def test_list_commands(capsys):
         (["--allocation", "nope"], "valid allocations"),
         (["--shard", "3/2"], "0 <= i < N"),
         (["--engine", "nope"], "valid engines"),
+        (["--engine", "vllm", "--dtype", "float32"], "bfloat16 only"),
         (["--model", "/nonexistent/model"], "not a built-in model"),
         (["--limit", "0"], "at least 1"),
     ],
@@ -104,6 +105,17 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, args, message):
     code = kvbench("run", *args, "--out", str(tmp_path / "o"), "--length", LENGTH, "--limit", "1", *args)
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_vllm_engine_without_vllm_names_the_setup(tmp_path, capsys):
+    """In an environment without vLLM, --engine vllm is one line naming scripts/setup_vllm.sh."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here, so the missing-vLLM error cannot occur")
+    code = kvbench("run", "--engine", "vllm", *MODEL, "--out", str(tmp_path / "o"), "--length", LENGTH, "--limit", "1")
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert code == 2 and "setup_vllm.sh" in err and "Traceback" not in err
 
 
 def test_unwritable_output_dir(tmp_path, capsys):

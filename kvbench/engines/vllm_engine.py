@@ -54,11 +54,9 @@ SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and r
 
 def _import_vllm():
     try:
-        import vllm  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the environment
+        import vllm
+    except ImportError as exc:
         raise KvbenchError(f"the vllm engine needs vLLM ({exc}); {SETUP_HINT}") from None
-    import vllm
-
     return vllm
 
 
