@@ -274,6 +274,12 @@ def train_tiny(
     export: Optional[Path] = typer.Option(
         None, "--export", help="Also write the shipped bf16 copy + model card here (e.g. kvbench/builtin/tiny-trained)."
     ),
+    mix: Optional[str] = typer.Option(
+        None, "--mix", help="Training mix TASK=WEIGHT,… summing to 1 (default: the shipped first stage's mix)."
+    ),
+    init: Optional[Path] = typer.Option(
+        None, "--init", help="Start from this trained model (a run's final/ dir): a later training stage."
+    ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
     The defaults reproduce the shipped `tiny-trained` model."""
@@ -285,6 +291,7 @@ def train_tiny(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
+        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
     target = T.export_builtin(final, export) if export else final

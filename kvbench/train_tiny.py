@@ -214,13 +214,29 @@ def _synthetic_text(rng: random.Random, n_chars: int) -> str:
     return "\n".join(lines)
 
 
-def _choose_task(rng: random.Random) -> str:
+def _choose_task(rng: random.Random, mix=TASK_MIX) -> str:
     x, acc = rng.random(), 0.0
-    for task, w in TASK_MIX:
+    for task, w in mix:
         acc += w
         if x < acc:
             return task
-    return TASK_MIX[-1][0]
+    return mix[-1][0]
+
+
+def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
+    """``"niah_multikey_2=0.3,recall=0.7"`` -> ``(("niah_multikey_2", 0.3), ("recall", 0.7))``: a training
+    mix (weights must be positive and sum to 1; tasks from :data:`TASK_MIX`)."""
+    known = dict(TASK_MIX)
+    try:
+        mix = tuple((t.strip(), float(w)) for t, _, w in (part.partition("=") for part in text.split(",")))
+    except ValueError:
+        raise KvbenchError(f"--mix {text!r}: expected TASK=WEIGHT,... e.g. niah_multikey_2=0.5,recall=0.5") from None
+    unknown = [t for t, _ in mix if t not in known]
+    if unknown:
+        raise KvbenchError(f"--mix: unknown task(s) {unknown}; choose from {sorted(known)}")
+    if any(w <= 0 for _, w in mix) or abs(sum(w for _, w in mix) - 1.0) > 1e-6:
+        raise KvbenchError(f"--mix {text!r}: weights must be positive and sum to 1")
+    return mix
 
 
 def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
@@ -350,11 +366,11 @@ def _repeat_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
     return seg + seg, [0] * len(seg) + [1] * len(seg), ()
 
 
-def training_example(rng: random.Random, length: int, tokenizer) -> Example:
+def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -> Example:
     """One fixed-length row: ``Example(input_ids [length], loss_mask [length], task, references)``.
 
-    RULER rows (a task of ``TASK_MIX`` rendered exactly as evaluation renders it): ``loss_mask`` is 1 on
-    the answer tokens and the closing ``<|im_end|>``. "recall" rows: 1 on every answered value
+    RULER rows (a task of ``mix``, default :data:`TASK_MIX`, rendered exactly as evaluation renders it):
+    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall" rows: 1 on every answered value
     (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`). Padding is always 0.
     The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows vary in length,
     then right-padded with the pad id. The RULER seed is drawn from ``rng`` in ``[TRAIN_SEED_BASE, 2**31)``;
@@ -362,7 +378,7 @@ def training_example(rng: random.Random, length: int, tokenizer) -> Example:
     falls back to ``FALLBACK_TASK`` ("recall").
     """
     pad = tokenizer.pad_token_id
-    task = _choose_task(rng)
+    task = _choose_task(rng, mix)
     ex_seed = rng.randrange(TRAIN_SEED_BASE, 2**31)
     target = rng.randint(length // 2, length)
     row = None
@@ -417,10 +433,10 @@ def parse_curriculum(text: str) -> tuple[tuple[float, int], ...]:
     return stages
 
 
-def make_batch(tokenizer, *, seed: int, step: int, batch_size: int, length: int):
-    """The batch of ``step``: a pure function of ``(seed, step)`` (plus size and length).
+def make_batch(tokenizer, *, seed: int, step: int, batch_size: int, length: int, mix=TASK_MIX):
+    """The batch of ``step``: a pure function of ``(seed, step)`` (plus size, length and mix).
     Returns ``(input_ids [B,T], loss_mask [B,T], tasks)``."""
-    rows = [training_example(row_rng(seed, step, i), length, tokenizer) for i in range(batch_size)]
+    rows = [training_example(row_rng(seed, step, i), length, tokenizer, mix) for i in range(batch_size)]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]), [r[2] for r in rows]
 
 
@@ -476,6 +492,8 @@ class TrainArgs:
     autocast: bool = False
     vocab_size: int = 2048
     model_over: dict = field(default_factory=dict)
+    mix: list = field(default_factory=lambda: [list(m) for m in TASK_MIX])
+    init: str | None = None  # a trained model directory the weights start from (a later training stage)
 
 
 def lr_at(step: int, args: TrainArgs) -> float:
@@ -562,6 +580,8 @@ def train(
     vocab_size: int = 2048,
     tokenizer=None,
     model_over: dict | None = None,
+    mix=TASK_MIX,
+    init=None,
 ) -> Path:
     """Train the tiny hybrid into ``out_dir`` and return ``out_dir/final`` (or the last checkpoint when
     ``stop_after`` ends the run early, which is how tests simulate an interruption).
@@ -574,7 +594,12 @@ def train(
 
     ``autocast`` (bf16 on CPU) is off by default: measured on the 2-core machine it made a step about 4x
     slower (246 vs 999 tok/s at 8x256, one thread). ``threads``: intra-op threads (on a shared 2-core
-    machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s measured)."""
+    machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s measured).
+
+    ``mix``: the task mix (default :data:`TASK_MIX`). ``init``: a trained model directory (a ``final/`` of an
+    earlier run) whose weights and tokenizer this run starts from, with a fresh optimizer: a later training
+    stage. Its ``training_args.json`` and ``training_log.json`` are carried into this run's ``final/`` so the
+    model card describes every stage."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if threads:
@@ -592,6 +617,8 @@ def train(
         autocast=autocast,
         vocab_size=vocab_size,
         model_over=dict(model_over or {}),
+        mix=[list(m) for m in mix],
+        init=str(init) if init is not None else None,
     )
     ckpt = latest_checkpoint(out_dir) if resume else None
     torch.manual_seed(seed)
@@ -611,6 +638,15 @@ def train(
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         start, log = state["step"], list(state["log"])
+    elif init is not None:
+        from transformers import AutoTokenizer
+
+        if not (Path(init) / "config.json").exists():
+            raise KvbenchError(f"--init {init}: no trained model there (expected config.json; a run's final/ dir)")
+        tokenizer = AutoTokenizer.from_pretrained(init)
+        model = _load_model(init)
+        optimizer = _optimizer(model, args)
+        start = 0
     else:
         tokenizer = tokenizer or train_tokenizer(vocab_size=vocab_size)
         config = tiny_trained_config(len(tokenizer), **args.model_over)
@@ -633,7 +669,9 @@ def train(
         job = bar.add_task("train", total=steps, completed=start, info="")
         for step in range(start, end):
             length = curriculum_length(args.curriculum, step, steps)
-            ids, mask, tasks = make_batch(tokenizer, seed=seed, step=step, batch_size=batch_size, length=length)
+            ids, mask, tasks = make_batch(
+                tokenizer, seed=seed, step=step, batch_size=batch_size, length=length, mix=args.mix
+            )
             lr_now = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr_now
@@ -667,12 +705,29 @@ def save_final(path: Path, model, tokenizer, args: TrainArgs, log: list) -> Path
     model.eval()
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    lengths = [e["len"] for e in log]
+    saved_args, full_log = asdict(args), [dict(e, stage=1) for e in log]
+    if args.init is not None:  # a later stage: carry the earlier stages' arguments and log
+        init = Path(args.init)
+        saved_args["previous"] = json.loads((init / "training_args.json").read_text())
+        earlier = [dict(e, stage=e.get("stage", 1)) for e in json.loads((init / "training_log.json").read_text())]
+        stage = max(e["stage"] for e in earlier) + 1 if earlier else 1
+        full_log = earlier + [dict(e, stage=stage) for e in log]
+    lengths = [e["len"] for e in full_log]
     marker = {"name": MODEL_NAME, "random_weights": False, "context_length": max(lengths) if lengths else None}
     (path / "kvbench_builtin.json").write_text(json.dumps(marker))
-    (path / "training_log.json").write_text(json.dumps(log))
-    (path / "training_args.json").write_text(json.dumps(asdict(args), indent=1))
+    (path / "training_log.json").write_text(json.dumps(full_log))
+    (path / "training_args.json").write_text(json.dumps(saved_args, indent=1))
     return path
+
+
+def training_stages(args: dict) -> list[dict]:
+    """The arguments of every training stage of a model, first stage first (``args``: a
+    ``training_args.json``; a later stage holds its predecessor's under ``previous``)."""
+    stages = []
+    while args is not None:
+        stages.append({k: v for k, v in args.items() if k != "previous"})
+        args = args.get("previous")
+    return stages[::-1]
 
 
 #: Position limit written into the shipped config: RoPE is defined at any position, and a large limit lets
@@ -719,11 +774,21 @@ def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[s
     and what it is and is not for."""
     n_params = sum(p.numel() for p in model.parameters())
     lengths = [e["len"] for e in log]
-    tokens = sum(lengths) * args["batch_size"]
-    stages = ", ".join(f"{n} tokens from step {int(f * args['steps'])}" for f, n in args["curriculum"])
     last = log[-min(len(log), 50) :]
     final_loss = sum(e["loss"] for e in last) / max(len(last), 1)
-    mix = ", ".join(f"{t} {w:.0%}" for t, w in TASK_MIX)
+    stages = training_stages(args)
+    tokens = sum(e["len"] for e in log) * args["batch_size"]
+
+    def describe(i: int, st: dict) -> str:
+        rows = ", ".join(f"{n} tokens from step {int(f * st['steps'])}" for f, n in st["curriculum"])
+        mix = ", ".join(f"{t} {w:.0%}" for t, w in st.get("mix", TASK_MIX))
+        start = "from scratch" if i == 0 else "from the previous stage's weights, fresh optimizer"
+        return (
+            f"Stage {i + 1} ({start}, seed {st['seed']}): {st['steps']} AdamW steps of {st['batch_size']} rows, "
+            f"lr {st['lr']} (warm-up + cosine to 10 %, grad clip 1.0); rows of {rows}; mix: {mix}."
+        )
+
+    stage_text = "\n".join(f"- {describe(i, st)}" for i, st in enumerate(stages))
     evals = "\n".join(f"| {t} | {v:.1f} |" for t, v in evaluation.items()) or "| (not measured) | |"
     ctx_len = max(lengths) if lengths else 0
     return f"""# {MODEL_NAME}: a tiny trained hybrid for kvbench
@@ -732,12 +797,15 @@ def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[s
 DeltaNet : 1 gated attention (3 attention layers), MoE MLP (4 experts, top-2, shared expert), linear head
 dims 64, untied embeddings, partial RoPE 0.25; a byte-level BPE tokenizer with {len(tokenizer)} tokens (every
 digit its own token) and a ChatML template. Shipped in bfloat16 (kvbench loads it as float32 on CPU).
-Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`kvbench/train_tiny.py`, seed {args["seed"]}).
+Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`kvbench/train_tiny.py`).
 
-**Trained on.** {len(log)} AdamW steps of {args["batch_size"]} rows (lr {args["lr"]}, warm-up + cosine to 10 %,
-grad clip 1.0), about {tokens / 1e6:.1f}M row tokens (padding included); rows of {stages}. All data is
-generated by kvbench's own code with generator seeds >= {TRAIN_SEED_BASE} (RULER evaluation uses seed
-{EVAL_SEED}): {mix}. RULER rows are rendered exactly as kvbench renders evaluation prompts (chat template,
+**Trained on.** {len(log)} steps in all, about {tokens / 1e6:.1f}M row tokens (padding included), in
+{len(stages)} stage(s):
+
+{stage_text}
+
+All data is generated by kvbench's own code with generator seeds >= {TRAIN_SEED_BASE} (RULER evaluation uses
+seed {EVAL_SEED}). RULER rows are rendered exactly as kvbench renders evaluation prompts (chat template,
 answer prefix) with the loss on the answer; "recall" rows are needles in RULER's wording followed by every
 needle's question and answer, "chains" rows are variable-assignment chains with vt's question for each,
 "repeat" rows are a synthetic text segment written twice (loss on the answers / the second copy, and

@@ -281,3 +281,49 @@ def test_batch_loss_against_explicit_loop():
     assert row_ce.tolist() == pytest.approx(rows, rel=1e-5)
     assert T.task_losses(["a", "a"], torch.tensor([1.0, 3.0])) == {"a": 2.0}
     assert T.task_losses(["a", "b"], torch.tensor([1.0, float("nan")])) == {"a": 1.0}
+
+
+def test_parse_mix():
+    from kvbench.errors import KvbenchError
+
+    assert T.parse_mix("niah_multikey_2=0.25,recall=0.75") == (("niah_multikey_2", 0.25), ("recall", 0.75))
+    for bad in ("recall=0.5", "nope=1", "recall=1.2,repeat=-0.2", "recall"):
+        with pytest.raises(KvbenchError, match="--mix"):
+            T.parse_mix(bad)
+
+
+def test_batch_follows_mix():
+    """A one-task mix yields only that task; the default mix covers several (counted over many rows)."""
+    tok = tokenizer()
+    _, mask, tasks = T.make_batch(tok, seed=0, step=0, batch_size=6, length=256, mix=(("niah_single_1", 1.0),))
+    assert tasks == ["niah_single_1"] * 6 and bool((mask.sum(1) > 0).all())
+    rng = random.Random(0)
+    counts = {}
+    for _ in range(4000):
+        t = T._choose_task(rng, (("recall", 0.25), ("repeat", 0.75)))
+        counts[t] = counts.get(t, 0) + 1
+    assert abs(counts["recall"] / 4000 - 0.25) < 0.03 and set(counts) == {"recall", "repeat"}
+
+
+def test_second_stage_starts_from_init_and_carries_history(tmp_path, one_thread):
+    """--init: stage 2 starts from stage 1's weights (its first step's loss equals stage 1's model's loss
+    on that batch), and its final/ carries both stages' arguments and logs into the model card."""
+    from safetensors.torch import load_file
+
+    first = _train(tmp_path / "s1", steps=3)
+    mix = (("recall", 0.5), ("repeat", 0.5))
+    second = _train(tmp_path / "s2", steps=2, seed=2, mix=mix, init=first, tokenizer=None, lr=0.0)
+    # lr 0 on both steps (warm-up starts at lr*(1/warm) = 0): weights unchanged from stage 1
+    w1, w2 = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    args = json.loads((second / "training_args.json").read_text())
+    assert args["init"] == str(first) and args["mix"] == [list(m) for m in mix]
+    stages = T.training_stages(args)
+    assert [s["steps"] for s in stages] == [3, 2] and [s["seed"] for s in stages] == [1, 2]
+    log = json.loads((second / "training_log.json").read_text())
+    assert [(e["stage"], e["step"]) for e in log] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+    card = (T.export_builtin(second, tmp_path / "ship") / "MODEL_CARD.md").read_text()
+    assert "Stage 1 (from scratch, seed 1)" in card and "Stage 2 (from the previous stage's weights" in card
+    assert "recall 50%, repeat 50%" in card and "5 steps in all" in card
+    with pytest.raises(Exception, match="no trained model"):
+        _train(tmp_path / "s3", init=tmp_path / "missing", tokenizer=None)
