@@ -282,7 +282,7 @@ def train_tiny(
     ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
-    The defaults reproduce the shipped `tiny-trained` model."""
+    The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs both stages."""
     import json
 
     from kvbench import train_tiny as T
