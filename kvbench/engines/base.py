@@ -98,9 +98,20 @@ class Session:
 
 
 class ChildSession(Session):
-    """A physically compacted child: per-(layer, head) kept entries, answering questions."""
+    """A physically compacted child: per-(layer, head) kept entries, answering questions. ``stats``: what
+    the fork kept and stored; ``fork_seconds``: how long the fork took."""
 
-    stats: ForkStats
+    def __init__(self, session_id: str, parent: "ParentSession", stats: ForkStats, fork_seconds: float) -> None:
+        super().__init__(session_id)
+        self.parent = parent
+        self.stats = stats
+        self.fork_seconds = fork_seconds
+
+    def _check_answerable(self, context_sha256: str) -> None:
+        """Both this child and its parent are live, and the caller's context hash is the parent's."""
+        self._check_live()
+        self.parent._check_live()
+        check_context_sha(self.parent.sha256, context_sha256)
 
     @abstractmethod
     def answer(

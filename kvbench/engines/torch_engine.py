@@ -371,19 +371,14 @@ class TorchChild(ChildSession):
     counts differ, with ``masks[f]`` ``[H_kv, K_f]`` marking real entries)."""
 
     def __init__(self, parent: TorchParent, session_id, layers, masks, stats: ForkStats, fork_seconds: float):
-        super().__init__(session_id)
-        self.parent = parent
+        super().__init__(session_id, parent, stats, fork_seconds)
         self.layers = layers
         self.masks = masks
-        self.stats = stats
-        self.fork_seconds = fork_seconds
 
     def answer(
         self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
     ) -> Answer:
-        self._check_live()
-        self.parent._check_live()
-        check_context_sha(self.parent.sha256, context_sha256)
+        self._check_answerable(context_sha256)
         return self.parent.engine._answer(
             self.parent, self.layers, self.masks, question_ids, max_new_tokens, stop_ids, return_logits
         )

@@ -684,21 +684,16 @@ class VllmChild(ChildSession):
 
     def __init__(self, parent: VllmParent, session_id, blocks, tables: list[LayerTable], stats: ForkStats,
                  fork_seconds: float):  # fmt: skip
-        super().__init__(session_id)
-        self.parent = parent
+        super().__init__(session_id, parent, stats, fork_seconds)
         self.blocks = blocks
         self.tables = tables
-        self.stats = stats
-        self.fork_seconds = fork_seconds
 
     @property
     def n_blocks(self) -> int:
         return sum(len(b) for b in self.blocks)
 
     def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
-        self._check_live()
-        self.parent._check_live()
-        check_context_sha(self.parent.sha256, context_sha256)
+        self._check_answerable(context_sha256)
         return self.parent.engine._run(self.parent, self.tables, question_ids, max_new_tokens, stop_ids,
                                        return_logits)  # fmt: skip
 
