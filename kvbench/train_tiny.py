@@ -56,7 +56,9 @@ MODEL_NAME = "tiny-trained"
 #: two dense rows teach the circuits the RULER rows need with many more supervised tokens per row:
 #: "recall" is needles followed by many answered questions in RULER's surface form (associative recall),
 #: "chains" is vt without its one-shot example (several chains, every one asked), "repeat" is a synthetic
-#: text segment written twice (copying; the loss is on the second copy).
+#: text segment written twice (copying; the loss is on the second copy). "recall" asks every needle once, so
+#: its last answers can be had by elimination; "lookup" (not in this first-stage mix) asks needles drawn
+#: with replacement, so only matching the key answers it.
 TASK_MIX: tuple[tuple[str, float], ...] = (
     ("niah_single_1", 0.15),
     ("niah_multikey_2", 0.10),
@@ -68,8 +70,10 @@ TASK_MIX: tuple[tuple[str, float], ...] = (
     ("chains", 0.10),
     ("repeat", 0.05),
 )
-DENSE_TASKS = ("recall", "chains", "repeat")  # rows built here, not RULER items
-FALLBACK_TASK = "recall"
+DENSE_TASKS = ("recall", "lookup", "chains", "repeat")  # rows built here, not RULER items
+#: Every task a mix may name.
+KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup",)
+FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
 
 #: (start fraction, row length) of the shipped model's run: 128-token rows first (associative recall is
 #: learned there within a few hundred steps), then 256, 512 and a short 1,024 stage.
@@ -225,8 +229,8 @@ def _choose_task(rng: random.Random, mix=TASK_MIX) -> str:
 
 def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
     """``"niah_multikey_2=0.3,recall=0.7"`` -> ``(("niah_multikey_2", 0.3), ("recall", 0.7))``: a training
-    mix (weights must be positive and sum to 1; tasks from :data:`TASK_MIX`)."""
-    known = dict(TASK_MIX)
+    mix (weights must be positive and sum to 1; tasks from :data:`KNOWN_TASKS`)."""
+    known = KNOWN_TASKS
     try:
         mix = tuple((t.strip(), float(w)) for t, _, w in (part.partition("=") for part in text.split(",")))
     except ValueError:
@@ -271,11 +275,17 @@ class Example(NamedTuple):
     references: tuple  # the answers the supervised tokens spell (empty for "repeat")
 
 
-def _recall_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
+def _recall_row(
+    rng: random.Random, target: int, tokenizer, draw: str = "every"
+) -> tuple[list[int], list[int], tuple] | None:
     """Dense associative recall in RULER's surface form: needle lines (``NEEDLE``) mixed with noise lines
-    (``NOISE``), then as many questions as fit, each the niah answer prefix for one needle's key followed
-    by its value; every needle is asked, in random order. Keys are words or uuids, values numbers or uuids
-    (the kinds of niah_single_1 / niah_multikey_2 / niah_multikey_3; uuids only where one fits).
+    (``NOISE``), then questions, each the niah answer prefix for one needle's key followed by its value.
+    ``draw="every"`` ("recall" rows): every needle is asked once, in random order, so the last answers can
+    be found by elimination (answering a needle not yet asked). ``draw="replace"`` ("lookup" rows): each
+    question draws its needle uniformly with replacement (as many questions as needles, as many as fit), so
+    a needle may be asked twice or never and only matching the key answers it. Keys are words or uuids,
+    values numbers or uuids (the kinds of niah_single_1 / niah_multikey_2 / niah_multikey_3; uuids only
+    where one fits).
     Supervised: the value tokens. None when not even one needle and its question fit ``target``."""
     from kvbench.tasks.ruler import _draw
     from kvbench.tasks.ruler_data import NEEDLE, NOISE
@@ -301,10 +311,23 @@ def _recall_row(rng: random.Random, target: int, tokenizer) -> tuple[list[int], 
         qas = pending
     if not qas:
         return None
+    if draw == "every":
+        rng.shuffle(qas)
+        asked = qas
+    elif draw == "replace":
+        room = target - len(ids)  # the needle loop left room for one question per needle
+        asked = []
+        for _ in range(len(qas)):
+            qa = rng.choice(qas)
+            if len(qa[0]) + len(qa[1]) > room:
+                break
+            asked.append(qa)
+            room -= len(qa[0]) + len(qa[1])
+    else:
+        raise ValueError(f"draw must be 'every' or 'replace', not {draw!r}")
     mask = [0] * len(ids)
-    rng.shuffle(qas)
     refs = []
-    for question, answer, value in qas:
+    for question, answer, value in asked:
         ids += question + answer
         mask += [0] * len(question) + [1] * len(answer)
         refs.append(value)
@@ -370,15 +393,16 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
     """One fixed-length row: ``Example(input_ids [length], loss_mask [length], task, references)``.
 
     RULER rows (a task of ``mix``, default :data:`TASK_MIX`, rendered exactly as evaluation renders it):
-    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall" rows: 1 on every answered value
-    (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`). Padding is always 0.
-    The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows vary in length,
-    then right-padded with the pad id. The RULER seed is drawn from ``rng`` in ``[TRAIN_SEED_BASE, 2**31)``;
-    a RULER task that cannot fit ``length`` (vt's or cwe's one-shot example, uuid needles in short rows)
-    falls back to ``FALLBACK_TASK`` ("recall").
+    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall" and "lookup" rows: 1 on
+    every answered value (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`).
+    Padding is always 0. The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows
+    vary in length, then right-padded with the pad id. The RULER seed is drawn from ``rng`` in
+    ``[TRAIN_SEED_BASE, 2**31)``; a RULER task that cannot fit ``length`` (vt's or cwe's one-shot example, uuid
+    needles in short rows) falls back to "lookup" when the mix has it, else to ``FALLBACK_TASK`` ("recall").
     """
     pad = tokenizer.pad_token_id
     task = _choose_task(rng, mix)
+    fallback = "lookup" if any(t == "lookup" for t, _ in mix) else FALLBACK_TASK
     ex_seed = rng.randrange(TRAIN_SEED_BASE, 2**31)
     target = rng.randint(length // 2, length)
     row = None
@@ -386,13 +410,14 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
         row = _repeat_row(random.Random(ex_seed), target, tokenizer)
     elif task == "chains":
         row = _chains_row(random.Random(ex_seed), target, tokenizer)
-        task = task if row else FALLBACK_TASK
-    elif task != "recall":
+        task = task if row else fallback
+    elif task not in ("recall", "lookup"):
         row = _ruler_row(task, ex_seed, target, tokenizer) or _ruler_row(task, ex_seed, length, tokenizer)
-        task = task if row else FALLBACK_TASK
+        task = task if row else fallback
     if row is None:
-        row = _recall_row(random.Random(ex_seed), target, tokenizer) or _recall_row(
-            random.Random(ex_seed), length, tokenizer
+        draw = "replace" if task == "lookup" else "every"
+        row = _recall_row(random.Random(ex_seed), target, tokenizer, draw) or _recall_row(
+            random.Random(ex_seed), length, tokenizer, draw
         )
     if row is None:
         raise KvbenchError(f"row length {length} is too short for a training row; use a longer curriculum")

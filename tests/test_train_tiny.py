@@ -85,7 +85,7 @@ def test_training_examples_length_and_mask(length):
         if task == "repeat":  # the second half repeats the first; the mask is exactly the second half
             half = real // 2
             assert torch.equal(ids[:half], ids[half:real]) and spans == [list(range(half, real))]
-        elif task in ("recall", "chains"):  # one supervised span per reference, spelling it
+        elif task in ("recall", "lookup", "chains"):  # one supervised span per reference, spelling it
             assert len(spans) == len(refs) >= 1
             for span, ref in zip(spans, refs, strict=True):
                 assert tok.decode(ids[span]).strip().rstrip(".") == ref
@@ -93,7 +93,7 @@ def test_training_examples_length_and_mask(length):
             for ref in refs:  # every answer is in the context before the questions
                 assert all(part in context for part in ref.split())
         else:  # a RULER row: one contiguous span, the reference answer, ending with <|im_end|>
-            assert task in dict(T.TASK_MIX) and len(spans) == 1
+            assert task in T.KNOWN_TASKS and len(spans) == 1
             where = spans[0]
             assert ids[where[-1]].item() == tok.eos_token_id and where[-1] == real - 1
             answer = tok.decode(ids[where[:-1]])
@@ -104,7 +104,7 @@ def test_training_examples_length_and_mask(length):
 
 
 def test_recall_rows_ask_every_needle():
-    """Hand check of one recall row: every needle's key is asked once, with its own value as the answer."""
+    """Hand check of one "recall" row: every needle's key is asked once, with its own value as the answer."""
     from kvbench.tasks.ruler_data import NEEDLE
 
     tok = tokenizer()
@@ -112,12 +112,42 @@ def test_recall_rows_ask_every_needle():
     text = tok.decode(ids)
     context, _, questions = text.partition("\nThe special magic")
     asked = [line for line in ("The special magic" + questions).split("\n")]
-    assert len(asked) == len(refs)
+    assert len(asked) == len(refs) == context.count("One of the special magic")
     for line, value in zip(asked, refs, strict=True):
         key = line.split(" for ", 1)[1].split(" mentioned", 1)[0]
         type_v = "uuids" if "-" in value else "numbers"
         assert NEEDLE.format(type_v=type_v, key=key, value=value) in context
         assert line.endswith(f" is {value}.")
+    assert len(set(refs)) == len(refs)
+
+
+def test_lookup_rows_answer_by_key_not_by_elimination():
+    """Hand check of "lookup" rows: every question asks a key of the context, answered with that needle's
+    value, and the supervised tokens are exactly the answers. Questions draw needles with replacement, so
+    over a few rows some needle is asked twice and some never (no answering by elimination)."""
+    from kvbench.tasks.ruler_data import NEEDLE
+
+    tok = tokenizer()
+    repeated = unasked = False
+    for seed in range(6):
+        ids, mask, refs = T._recall_row(random.Random(seed), 400, tok, draw="replace")
+        assert len(ids) == len(mask) <= 400 and refs
+        text = tok.decode(ids)
+        context, _, questions = text.partition("\nThe special magic")
+        asked = [line for line in ("The special magic" + questions).split("\n")]
+        assert len(asked) == len(refs)
+        keys = []
+        for line, value in zip(asked, refs, strict=True):
+            key = line.split(" for ", 1)[1].split(" mentioned", 1)[0]
+            type_v = "uuids" if "-" in value else "numbers"
+            assert NEEDLE.format(type_v=type_v, key=key, value=value) in context
+            assert line.endswith(f" is {value}.")
+            keys.append(key)
+        supervised = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        assert supervised == "".join(f" {v}." for v in refs)
+        repeated |= len(set(keys)) < len(keys)
+        unasked |= context.count("One of the special magic") > len(set(keys))
+    assert repeated and unasked
 
 
 def test_chains_rows_follow_the_assignments():
@@ -200,13 +230,15 @@ def test_train_resume_exact(tmp_path, one_thread):
     assert [e["step"] for e in log] == [1, 2, 3, 4, 5] and all("tasks" in e for e in log)
 
     # the shipped copy: bf16 weights equal to the float32 ones rounded, same tokenizer, a model card
-    shipped = T.export_builtin(straight, tmp_path / "ship", evaluation={"niah_single_1": 12.5})
+    note = "Measured with --eval-limit 3."
+    shipped = T.export_builtin(straight, tmp_path / "ship", evaluation={"niah_single_1": 12.5}, note=note)
     ws = load_file(shipped / "model.safetensors")
     assert ws.keys() == wb.keys()
     for k in ws:
         assert ws[k].dtype == torch.bfloat16 and torch.equal(ws[k], wb[k].to(torch.bfloat16)), k
     card = (shipped / "MODEL_CARD.md").read_text()
     assert "| niah_single_1 | 12.5 |" in card and "not for" in card and "256 tokens" in card
+    assert card.index("| niah_single_1 | 12.5 |") < card.index(note) < card.index("What it is for")
     lm2 = load_model(str(shipped))
     assert lm2.random_weights is False and lm2.context_length == 256
     assert lm2.model.dtype == torch.float32  # loaded as float32 on CPU
@@ -327,3 +359,14 @@ def test_second_stage_starts_from_init_and_carries_history(tmp_path, one_thread)
     assert "recall 50%, repeat 50%" in card and "5 steps in all" in card
     with pytest.raises(Exception, match="no trained model"):
         _train(tmp_path / "s3", init=tmp_path / "missing", tokenizer=None)
+
+
+def test_lookup_mix_falls_back_to_lookup():
+    """A mix naming "lookup": a RULER row that cannot fit (vt at 256 tokens) becomes a lookup row (questions
+    drawn with replacement), not an every-needle "recall" row; without "lookup" the fallback stays "recall"."""
+    tok = tokenizer()
+    mix = T.parse_mix("vt=0.5,lookup=0.5")
+    _, mask, tasks = T.make_batch(tok, seed=0, step=0, batch_size=8, length=256, mix=mix)
+    assert set(tasks) == {"lookup"} and bool((mask.sum(1) > 0).all())
+    _, _, tasks = T.make_batch(tok, seed=0, step=0, batch_size=8, length=256, mix=(("vt", 1.0),))
+    assert set(tasks) == {"recall"}
