@@ -255,6 +255,14 @@ def calibrate(
     )
 
 
+def _read_text_file(path: Path, option: str) -> str:
+    """The UTF-8 text of a file named on the command line, or a KvbenchError naming the option."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvbenchError(f"{option} {path}: cannot read it ({exc})") from None
+
+
 @app.command("train-tiny")
 def train_tiny(
     out: Path = typer.Option(Path("models/tiny-trained"), "--out", "-o", help="Output dir (checkpoints, final/)."),
@@ -280,6 +288,9 @@ def train_tiny(
     init: Optional[Path] = typer.Option(
         None, "--init", help="Start from this trained model (a run's final/ dir): a later training stage."
     ),
+    card_note: Optional[Path] = typer.Option(
+        None, "--card-note", help="Markdown file quoted in the exported model card below the accuracy table."
+    ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
     The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs both stages."""
@@ -287,6 +298,9 @@ def train_tiny(
 
     from kvbench import train_tiny as T
 
+    if card_note is not None and not export:
+        raise KvbenchError("--card-note only applies to an export; add --export DIR")
+    note = _read_text_file(card_note, "--card-note") if card_note is not None else ""
     final = T.train(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
@@ -294,7 +308,7 @@ def train_tiny(
         mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
-    target = T.export_builtin(final, export) if export else final
+    target = T.export_builtin(final, export, note=note) if export else final
     if eval_limit > 0:
         length = json.loads((final / "kvbench_builtin.json").read_text())["context_length"]
         scores = T.evaluate_quick(target, tasks=T.NO_EXTERNAL_DATA_TASKS, length=length, limit=eval_limit)
@@ -302,7 +316,7 @@ def train_tiny(
             err_console.print(f"{task:18} {score:.1f}")
         err_console.print(f"{'mean':18} {sum(scores.values()) / len(scores):.1f}")
         if export:
-            T.export_builtin(final, export, evaluation=scores)
+            T.export_builtin(final, export, evaluation=scores, note=note)
     if export:
         err_console.print(f"[green]exported:[/green] {export}")
 

@@ -343,3 +343,22 @@ def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "ruler/niah_single_2** missing" in report and "PaulGrahamEssays.json" in report
     assert "### choice_eng" in report or "choice_eng" in report
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "add --export"),  # a note with nothing to export
+        (["--export", "EXPORT"], "cannot read it"),  # the note file is missing
+    ],
+)
+def test_train_tiny_card_note_errors_before_training(tmp_path, capsys, extra, message):
+    """--card-note is checked before any step runs: no checkpoint is written when it is unusable."""
+    extra = [str(tmp_path / "ship") if a == "EXPORT" else a for a in extra]
+    note = tmp_path / ("missing.md" if extra else "note.md")
+    if not extra:
+        note.write_text("measured by hand")
+    code = kvbench("train-tiny", "--out", str(tmp_path / "run"), "--steps", "1", "--card-note", str(note), *extra)
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
