@@ -13,5 +13,5 @@ OUT=${1:-models/tiny-trained}
 .venv/bin/kvbench train-tiny --out "$OUT/stage2" --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
   --curriculum 1024@0 \
   --mix niah_single_1=0.08,niah_multikey_2=0.25,niah_multikey_3=0.2,vt=0.1,fwe=0.07,recall=0.2,chains=0.05,repeat=0.05 \
-  --eval-limit 15 --export kvbench/builtin/tiny-trained
+  --eval-limit 15 --export kvbench/builtin/tiny-trained --card-note scripts/tiny_trained_card_note.md
 bash scripts/calibrate_tiny.sh
