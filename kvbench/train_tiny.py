@@ -58,7 +58,9 @@ MODEL_NAME = "tiny-trained"
 #: "chains" is vt without its one-shot example (several chains, every one asked), "repeat" is a synthetic
 #: text segment written twice (copying; the loss is on the second copy). "recall" asks every needle once, so
 #: its last answers can be had by elimination; "lookup" (not in this first-stage mix) asks needles drawn
-#: with replacement, so only matching the key answers it.
+#: with replacement, so only matching the key answers it; "echo" is "lookup" with each question in the
+#: needle's own wording (``... for KEY is:``), which a copying (induction) head can answer: a stepping stone
+#: to key matching in RULER's wording.
 TASK_MIX: tuple[tuple[str, float], ...] = (
     ("niah_single_1", 0.15),
     ("niah_multikey_2", 0.10),
@@ -70,9 +72,9 @@ TASK_MIX: tuple[tuple[str, float], ...] = (
     ("chains", 0.10),
     ("repeat", 0.05),
 )
-DENSE_TASKS = ("recall", "lookup", "chains", "repeat")  # rows built here, not RULER items
+DENSE_TASKS = ("recall", "lookup", "echo", "chains", "repeat")  # rows built here, not RULER items
 #: Every task a mix may name.
-KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup",)
+KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo")
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
 
 #: (start fraction, row length) of the shipped model's run: 128-token rows first (associative recall is
@@ -283,7 +285,9 @@ def _recall_row(
     ``draw="every"`` ("recall" rows): every needle is asked once, in random order, so the last answers can
     be found by elimination (answering a needle not yet asked). ``draw="replace"`` ("lookup" rows): each
     question draws its needle uniformly with replacement (as many questions as needles, as many as fit), so
-    a needle may be asked twice or never and only matching the key answers it. Keys are words or uuids,
+    a needle may be asked twice or never and only matching the key answers it. ``draw="echo"`` ("echo"
+    rows): drawn as "replace", but each question repeats its needle's wording up to the value
+    (``One of the special magic numbers for KEY is:``). Keys are words or uuids,
     values numbers or uuids (the kinds of niah_single_1 / niah_multikey_2 / niah_multikey_3; uuids only
     where one fits).
     Supervised: the value tokens. None when not even one needle and its question fit ``target``."""
@@ -302,7 +306,11 @@ def _recall_row(
         else:
             key, value = _draw(rng, type_k), _draw(rng, type_v)
             line = encode(tokenizer, NEEDLE.format(type_v=type_v, key=key, value=value))
-            question = encode(tokenizer, f"The special magic {type_v[:-1]} for {key} mentioned in the provided text is")
+            if draw == "echo":
+                wording = f"One of the special magic {type_v} for {key} is:"
+            else:
+                wording = f"The special magic {type_v[:-1]} for {key} mentioned in the provided text is"
+            question = encode(tokenizer, wording)
             qa = (nl + question, encode(tokenizer, f" {value}."), value)
         pending = qas + [qa] if qa else qas
         if len(ids) + len(nl) + len(line) + sum(len(q) + len(a) for q, a, _ in pending) > target:
@@ -314,7 +322,7 @@ def _recall_row(
     if draw == "every":
         rng.shuffle(qas)
         asked = qas
-    elif draw == "replace":
+    elif draw in ("replace", "echo"):
         room = target - len(ids)  # the needle loop left room for one question per needle
         asked = []
         for _ in range(len(qas)):
@@ -324,7 +332,7 @@ def _recall_row(
             asked.append(qa)
             room -= len(qa[0]) + len(qa[1])
     else:
-        raise ValueError(f"draw must be 'every' or 'replace', not {draw!r}")
+        raise ValueError(f"draw must be 'every', 'replace' or 'echo', not {draw!r}")
     mask = [0] * len(ids)
     refs = []
     for question, answer, value in asked:
@@ -393,7 +401,7 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
     """One fixed-length row: ``Example(input_ids [length], loss_mask [length], task, references)``.
 
     RULER rows (a task of ``mix``, default :data:`TASK_MIX`, rendered exactly as evaluation renders it):
-    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall" and "lookup" rows: 1 on
+    ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall", "lookup", "echo" rows: 1 on
     every answered value (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`).
     Padding is always 0. The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows
     vary in length, then right-padded with the pad id. The RULER seed is drawn from ``rng`` in
@@ -411,11 +419,11 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
     elif task == "chains":
         row = _chains_row(random.Random(ex_seed), target, tokenizer)
         task = task if row else fallback
-    elif task not in ("recall", "lookup"):
+    elif task not in ("recall", "lookup", "echo"):
         row = _ruler_row(task, ex_seed, target, tokenizer) or _ruler_row(task, ex_seed, length, tokenizer)
         task = task if row else fallback
     if row is None:
-        draw = "replace" if task == "lookup" else "every"
+        draw = {"lookup": "replace", "echo": "echo"}.get(task, "every")
         row = _recall_row(random.Random(ex_seed), target, tokenizer, draw) or _recall_row(
             random.Random(ex_seed), length, tokenizer, draw
         )

@@ -370,3 +370,20 @@ def test_lookup_mix_falls_back_to_lookup():
     assert set(tasks) == {"lookup"} and bool((mask.sum(1) > 0).all())
     _, _, tasks = T.make_batch(tok, seed=0, step=0, batch_size=8, length=256, mix=(("vt", 1.0),))
     assert set(tasks) == {"recall"}
+
+
+def test_echo_rows_repeat_the_needle_wording():
+    """Hand check of "echo" rows: each question is its needle's own line up to the value, answered with that
+    needle's value; over a few rows some needle is asked twice (drawn with replacement, like "lookup")."""
+    tok = tokenizer()
+    repeated = False
+    for seed in range(6):
+        ids, mask, refs = T._recall_row(random.Random(seed), 400, tok, draw="echo")
+        lines = tok.decode(ids).split("\n")[1:]  # after the header line: needle/noise lines, then the questions
+        context, asked = lines[: len(lines) - len(refs)], lines[len(lines) - len(refs) :]
+        for line, value in zip(asked, refs, strict=True):
+            assert line.startswith("One of the special magic") and line.endswith(f" is: {value}.")
+            assert line in context  # question + answer spell the needle line exactly
+        assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "".join(f" {v}." for v in refs)
+        repeated |= len(set(asked)) < len(asked)
+    assert repeated
