@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce the shipped default model (kvbench/builtin/tiny-trained) and its calibration artifacts, from
-# scratch, on CPU: two training stages, the export (bf16 copy + model card + full-cache RULER accuracy),
+# scratch, on CPU: four training stages, the export (bf16 copy + model card + full-cache RULER accuracy),
 # then scripts/calibrate_tiny.sh. Deterministic; each stage resumes from its latest checkpoint if cut.
-# About 100 + 85 minutes of training on 2 idle cores, then about 40 minutes of calibration.
+# About 100 + 85 + 10 + 30 minutes of training on 2 idle cores, then about 40 minutes of calibration.
 # Usage: bash scripts/train_tiny.sh [OUT]   (default OUT: models/tiny-trained)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +13,14 @@ OUT=${1:-models/tiny-trained}
 .venv/bin/kvbench train-tiny --out "$OUT/stage2" --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
   --curriculum 1024@0 \
   --mix niah_single_1=0.08,niah_multikey_2=0.25,niah_multikey_3=0.2,vt=0.1,fwe=0.07,recall=0.2,chains=0.05,repeat=0.05 \
+  --eval-limit 0
+# Stage 3: key matching. 600 steps at 256 tokens of "echo" rows (questions in the needle's own wording, which
+# a copying head answers) and "lookup" rows (RULER's wording, needles drawn with replacement).
+.venv/bin/kvbench train-tiny --out "$OUT/stage3" --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
+  --curriculum 256@0 --save-every 100 --mix echo=0.5,lookup=0.5 --eval-limit 0
+# Stage 4: back to every task, 512 then 1,024 tokens, keeping lookup and echo rows in the mix; export.
+.venv/bin/kvbench train-tiny --out "$OUT/stage4" --init "$OUT/stage3/final" --seed 12 --steps 300 --lr 1.5e-3 \
+  --curriculum 512@0,1024@0.4 --save-every 50 \
+  --mix echo=0.1,lookup=0.25,niah_multikey_2=0.15,niah_multikey_3=0.05,vt=0.15,chains=0.1,fwe=0.12,niah_single_1=0.05,repeat=0.03 \
   --eval-limit 15 --export kvbench/builtin/tiny-trained --card-note scripts/tiny_trained_card_note.md
 bash scripts/calibrate_tiny.sh
