@@ -2,7 +2,7 @@
 # Reproduce the shipped default model (kvbench/builtin/tiny-trained) and its calibration artifacts, from
 # scratch, on CPU: four training stages, the export (bf16 copy + model card + full-cache RULER accuracy),
 # then scripts/calibrate_tiny.sh. Deterministic; each stage resumes from its latest checkpoint if cut.
-# About 100 + 85 + 10 + 30 minutes of training on 2 idle cores, then about 40 minutes of calibration.
+# About 100 + 85 + 10 + 25 minutes of training on 2 idle cores, then about 40 minutes of calibration.
 # Usage: bash scripts/train_tiny.sh [OUT]   (default OUT: models/tiny-trained)
 set -euo pipefail
 cd "$(dirname "$0")/.."
