@@ -72,7 +72,9 @@ TASK_MIX: tuple[tuple[str, float], ...] = (
     ("chains", 0.10),
     ("repeat", 0.05),
 )
-DENSE_TASKS = ("recall", "lookup", "echo", "chains", "repeat")  # rows built here, not RULER items
+#: The needle-question rows and how each draws its questions (see :func:`_recall_row`).
+RECALL_DRAWS = {"recall": "every", "lookup": "replace", "echo": "echo"}
+DENSE_TASKS = (*RECALL_DRAWS, "chains", "repeat")  # rows built here, not RULER items
 #: Every task a mix may name.
 KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo")
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
@@ -419,11 +421,11 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
     elif task == "chains":
         row = _chains_row(random.Random(ex_seed), target, tokenizer)
         task = task if row else fallback
-    elif task not in ("recall", "lookup", "echo"):
+    elif task not in RECALL_DRAWS:
         row = _ruler_row(task, ex_seed, target, tokenizer) or _ruler_row(task, ex_seed, length, tokenizer)
         task = task if row else fallback
     if row is None:
-        draw = {"lookup": "replace", "echo": "echo"}.get(task, "every")
+        draw = RECALL_DRAWS[task]  # a recall task, or the fallback of a task that did not fit
         row = _recall_row(random.Random(ex_seed), target, tokenizer, draw) or _recall_row(
             random.Random(ex_seed), length, tokenizer, draw
         )
