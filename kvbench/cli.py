@@ -269,6 +269,7 @@ def train_tiny(
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default: 3,850, the shipped run)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Rows per step."),
     lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (warm-up + cosine)."),
+    warmup: int = typer.Option(0, "--warmup", help="Linear warm-up steps (0: a twentieth of --steps)."),
     seed: int = typer.Option(0, "--seed", help="Training seed (RULER generator seeds >= 10000; evaluation uses 42)."),
     curriculum: Optional[str] = typer.Option(
         None, "--curriculum", help="LENGTH@START_FRACTION,… (default: 128@0,256@0.156,512@0.779,1024@0.961)."
@@ -305,7 +306,7 @@ def train_tiny(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
-        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init,
+        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
     target = T.export_builtin(final, export, note=note) if export else final

@@ -617,6 +617,7 @@ def train(
     model_over: dict | None = None,
     mix=TASK_MIX,
     init=None,
+    warmup: int = 0,
 ) -> Path:
     """Train the tiny hybrid into ``out_dir`` and return ``out_dir/final`` (or the last checkpoint when
     ``stop_after`` ends the run early, which is how tests simulate an interruption).
@@ -634,11 +635,13 @@ def train(
     ``mix``: the task mix (default :data:`TASK_MIX`). ``init``: a trained model directory (a ``final/`` of an
     earlier run) whose weights and tokenizer this run starts from, with a fresh optimizer: a later training
     stage. Its ``training_args.json`` and ``training_log.json`` are carried into this run's ``final/`` so the
-    model card describes every stage."""
+    model card describes every stage. ``warmup``: linear warm-up steps (0: ``steps // 20``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if threads:
         torch.set_num_threads(threads)
+    if not 0 <= warmup < steps:
+        raise KvbenchError(f"--warmup {warmup}: must be at least 0 and below --steps ({steps}); 0 means steps // 20")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     args = TrainArgs(
@@ -654,6 +657,7 @@ def train(
         model_over=dict(model_over or {}),
         mix=[list(m) for m in mix],
         init=str(init) if init is not None else None,
+        warmup=warmup,
     )
     ckpt = latest_checkpoint(out_dir) if resume else None
     torch.manual_seed(seed)

@@ -192,6 +192,25 @@ def test_curriculum():
     assert [T.curriculum_length(cur, s, 10) for s in (0, 4, 5, 9)] == [256, 256, 512, 512]
 
 
+def test_lr_schedule_warmup_then_cosine_to_a_tenth():
+    """Linear warm-up over ``warmup`` steps (default: a twentieth of the steps), then cosine from the peak to
+    a tenth of it, checked against the formula written out by hand."""
+    args = T.TrainArgs(steps=100, batch_size=1, lr=2e-3, seed=0, warmup=10)
+    assert [T.lr_at(s, args) for s in (0, 4, 9)] == pytest.approx([2e-4, 1e-3, 2e-3])
+    assert T.lr_at(10, args) == pytest.approx(2e-3)
+    assert T.lr_at(55, args) == pytest.approx(2e-3 * (0.1 + 0.45))  # halfway through the cosine
+    assert T.lr_at(100, args) == pytest.approx(2e-4)
+    default = T.TrainArgs(steps=100, batch_size=1, lr=2e-3, seed=0)
+    assert T.lr_at(4, default) == pytest.approx(2e-3) and T.lr_at(3, default) == pytest.approx(1.6e-3)
+
+
+def test_train_rejects_bad_warmup(tmp_path):
+    for bad in (-1, 5):
+        with pytest.raises(T.KvbenchError, match="--warmup"):
+            _train(tmp_path / "w", warmup=bad)
+    assert not (tmp_path / "w").exists()
+
+
 def _train(out, **kw):
     args = dict(
         steps=5,
