@@ -85,7 +85,7 @@ def test_training_examples_length_and_mask(length):
         if task == "repeat":  # the second half repeats the first; the mask is exactly the second half
             half = real // 2
             assert torch.equal(ids[:half], ids[half:real]) and spans == [list(range(half, real))]
-        elif task in ("recall", "lookup", "chains"):  # one supervised span per reference, spelling it
+        elif task in (*T.RECALL_DRAWS, "chains"):  # one supervised span per reference, spelling it
             assert len(spans) == len(refs) >= 1
             for span, ref in zip(spans, refs, strict=True):
                 assert tok.decode(ids[span]).strip().rstrip(".") == ref
