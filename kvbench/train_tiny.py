@@ -635,7 +635,7 @@ def train(
     ``mix``: the task mix (default :data:`TASK_MIX`). ``init``: a trained model directory (a ``final/`` of an
     earlier run) whose weights and tokenizer this run starts from, with a fresh optimizer: a later training
     stage. Its ``training_args.json`` and ``training_log.json`` are carried into this run's ``final/`` so the
-    model card describes every stage. ``warmup``: linear warm-up steps (0: ``steps // 20``)."""
+    model card describes every stage. ``warmup``: linear warm-up steps (0: ``max(1, steps // 20)``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if threads:
