@@ -294,7 +294,7 @@ def train_tiny(
     ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
-    The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs both stages."""
+    The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
     import json
 
     from kvbench import train_tiny as T
