@@ -14,6 +14,7 @@ from typing import Optional
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench.errors import KvbenchError
 
@@ -34,12 +35,15 @@ def _split(text: str | None) -> list[str] | None:
 
 
 def parse_ps(text: str) -> list[float]:
-    """``"all"`` -> the nine fractions 0.9 … 0.1; otherwise a comma list of floats in (0, 1]."""
+    """``"all"`` -> the nine fractions 0.9 … 0.1; otherwise a comma list of floats in (0, 1], no empty entry."""
     from kvbench.budgets import ALL_P, validate_p
 
     if text.strip() == "all":
         return list(ALL_P)
-    return [validate_p(p) for p in _split(text) or []] or list(ALL_P)
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or "" in items:
+        raise KvbenchError(f"--p {text!r} has an empty entry; give fractions in (0, 1] like 0.5,0.1, or 'all'")
+    return [validate_p(p) for p in items]
 
 
 @app.command()
@@ -52,12 +56,13 @@ def run(
         None,
         "--allocation",
         "-a",
-        help="flat|pyramid|gate|global, comma separated (default: each method's own).",
+        metavar="[flat|pyramid|gate|global]",
+        help="Allocation(s), comma separated (default: each method's own).",
     ),
     model: Optional[str] = typer.Option(
         None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
     ),
-    engine: str = typer.Option("torch", "--engine", help="Inference engine."),
+    engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
     length: Optional[int] = typer.Option(
         None,
@@ -68,16 +73,20 @@ def run(
     seed: int = typer.Option(42, "--seed", help="Data and method seed."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
-    device: str = typer.Option("cpu", "--device", help="torch device (cpu, cuda, cuda:1, …)."),
+    device: str = typer.Option("cpu", "--device", metavar="[cpu|cuda|cuda:N|mps]", help="torch device."),
     dtype: Optional[str] = typer.Option(
-        None, "--dtype", help="float32|bfloat16|float16 (default: fp32 on CPU, bf16 on GPU)."
+        None, "--dtype", metavar="[float32|bfloat16|float16]", help="Weights dtype (default: fp32 on CPU, bf16 on GPU)."
     ),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (>= 1)."),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="Show every library warning in full."),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
+    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+
+    quiet_kernel_warnings().verbose = verbose
     if data_dir is not None:
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
@@ -105,7 +114,8 @@ def run(
     summary = run_config(config, console=err_console)
     err_console.print(
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
-        f"{summary.contexts} contexts -> {out / 'results.jsonl'}"
+        f"{summary.contexts} contexts -> {summary.path}",
+        soft_wrap=True,
     )
 
 
@@ -151,16 +161,15 @@ def report(
     results: Path = typer.Option(Path("results/default"), "--results", "-r", help="Results directory of a run."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Markdown file (default: <results>/report.md)."),
 ) -> None:
-    """Per-task table (method × p, mean primary score) printed and written as markdown."""
+    """Per-task table (method × p, mean primary score) printed and written as markdown. Reads every
+    results file of the directory and never writes there (except the report itself)."""
     from kvbench.report import missing_lines, render_rich, write_report
-    from kvbench.results import ResultsStore
+    from kvbench.results import read_results
 
-    if not (results / "results.jsonl").exists():
-        raise KvbenchError(f"no results in {results}: run `kvbench run --out {results}` first")
-    with ResultsStore(results) as store:
-        if store.recovered:
-            err_console.print(f"[yellow]{store.recovered}[/yellow]")
-        rows, missing = store.rows(), store.missing()
+    read = read_results(results)
+    for note in read.notes:
+        err_console.print(f"[yellow]note: {note}[/yellow]", soft_wrap=True)
+    rows, missing = read.rows, read.missing
     tables = render_rich(rows)
     # never squeeze a table into a narrow (or non-terminal, 80-column) console: labels would be cut
     need = max((sum(max(len(c.header), 8) + 3 for c in t.columns) + 20 for t in tables), default=0)
@@ -169,8 +178,12 @@ def report(
         wide.print(table)
     for line in missing_lines(rows, missing):
         console.print(line.replace("**", ""), style="yellow")
-    path = write_report(rows, out or results / "report.md", missing)
-    err_console.print(f"report written to {path}")
+    target = out or results / "report.md"
+    try:
+        path = write_report(rows, target, missing)
+    except OSError as exc:
+        raise KvbenchError(f"cannot write the report {target} ({exc.strerror or exc}); choose another --out") from None
+    err_console.print(f"report written to {path}", soft_wrap=True)
 
 
 @app.command()
@@ -333,16 +346,24 @@ _mount_subcommands()
 
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
+    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+
+    quiet_kernel_warnings()
     try:
         code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
     except KvbenchError as exc:
-        err_console.print(f"[bold red]error:[/bold red] {exc}")
+        # one line, never wrapped (an 80-column non-terminal stderr would cut it), markup in it kept literal
+        err_console.print("[bold red]error:[/bold red] " + escape(str(exc)), soft_wrap=True)
         raise SystemExit(2) from None
     except (KeyboardInterrupt, click.exceptions.Abort):
         raise SystemExit(130) from None
     except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
-    except click.ClickException as exc:  # usage errors, shown as click would in standalone mode
+    except click.UsageError as exc:  # one line too, naming where the valid usage is listed
+        where = f"`{exc.ctx.command_path} --help`" if exc.ctx else "`kvbench --help`"
+        err_console.print(f"[bold red]error:[/bold red] {escape(exc.format_message())} (see {where})", soft_wrap=True)
+        raise SystemExit(exc.exit_code) from None
+    except click.ClickException as exc:  # other click errors, shown as click would in standalone mode
         exc.show()
         raise SystemExit(exc.exit_code) from None
     if isinstance(code, int) and code:

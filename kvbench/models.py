@@ -151,6 +151,8 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     )
 }
 DEFAULT_MODEL = "tiny-trained"
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 DEFAULT_LENGTH = 4096  # --length of generated benches when the model states no context length
 
 
@@ -186,6 +188,57 @@ def materialize_builtin(name: str) -> Path:
     return path
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (library messages often span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def check_dtype(dtype: str | None) -> None:
+    """Refuse a ``--dtype`` outside :data:`DTYPES` (None: the device's default)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ModelError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)} (or omit it for the device default)")
+
+
+def check_device(device: str) -> None:
+    """Refuse a ``--device`` that torch does not know or this machine does not have (cpu, cuda[:N], mps)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ModelError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"cuda:0 … cuda:{torch.cuda.device_count() - 1}"
+            )
+        return
+    if dev.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise ModelError(f"--device {device}: not available here; kvbench runs on cpu, cuda[:N] (or mps)")
+
+
+def _check_local_checkpoint(path: Path) -> None:
+    """Refuse a local ``--model`` path that is not a checkpoint directory, naming what is missing."""
+    if not path.is_dir():
+        raise ModelError(f"--model {path} is a file; give a model directory (config.json, weights, tokenizer)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"--model {path} has no config.json, so it is not a model checkpoint directory")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise ModelError(
+            f"--model {path} has config.json but no weights (model.safetensors or pytorch_model.bin): "
+            "copy the checkpoint's weight files there"
+        )
+
+
+def max_positions(lm: LoadedModel) -> int:
+    """The most positions (tokens) the model's config supports: ``max_position_embeddings``."""
+    return int(lm.model.config.get_text_config().max_position_embeddings)
+
+
 @dataclass
 class LoadedModel:
     """A model ready for an engine. ``name`` is what rows record; ``fingerprint`` identifies the weights."""
@@ -205,11 +258,14 @@ def load_model(
     """Load a built-in model name, a local directory, or (online only) a hub id; None: ``DEFAULT_MODEL``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    check_dtype(dtype)
+    check_device(device)
     name_or_path = name_or_path or DEFAULT_MODEL
     if name_or_path in BUILTIN_MODELS:
         path = str(materialize_builtin(name_or_path))
         name = name_or_path
     elif Path(name_or_path).exists():
+        _check_local_checkpoint(Path(name_or_path))
         path = name_or_path
         name = Path(path).resolve().name
     else:
@@ -220,6 +276,8 @@ def load_model(
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
+        if Path(path).is_dir():
+            raise ModelError(f"--model {path}: cannot read its config.json ({_one_line(exc)})") from None
         raise ModelError(
             f"cannot load model {name_or_path!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), not a local "
             f"directory, and the hub is unreachable or has no such id ({type(exc).__name__})"
@@ -230,9 +288,18 @@ def load_model(
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--model {name_or_path}: cannot load its weights ({_one_line(exc)})") from None
     model = model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(
+            f"--model {name_or_path}: cannot load its tokenizer (tokenizer.json, tokenizer_config.json): "
+            + _one_line(exc)
+        ) from None
     return LoadedModel(
         name, model, tokenizer, fingerprint(model, tokenizer), random_weights, path, info.get("context_length")
     )

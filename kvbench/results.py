@@ -1,16 +1,35 @@
-"""Results store: one JSON row per finished question in ``<out>/results.jsonl``, plus ``manifest.json``.
+"""Results store: one JSON row per finished question, plus ``manifest.json`` and ``missing.json``.
 
-Rows are appended with a single ``os.write`` + ``fsync`` each, so a crash can at worst leave one partial
-last line; reopening the store detects it, saves the dropped bytes to ``results.jsonl.partial-<time>``
-and truncates the file back to its last complete row. A run resumes by skipping keys that are done.
+Files of a results directory ``<out>``:
+
+* ``results.jsonl`` (an unsharded run) or ``results.shard-{i}-of-{N}.jsonl`` (``--shard i/N``, N > 1):
+  one row per line. Each results file has ONE writer (:class:`ResultsStore`), enforced by an exclusive
+  ``fcntl.flock`` on ``<results file>.lock`` (which holds the writer's pid and command); a second writer
+  gets a :class:`ResultsError` naming that pid. Rows are appended with a single ``os.write`` + ``fsync``
+  each, so a crash can at worst leave one partial last line; only the writer, holding the lock, sets such
+  a line aside (``<file>.partial-<pid>-<ns>``) and truncates the file back to its last complete row.
+* ``manifest.json`` / ``missing.json``: rewritten by writers only, under the directory's ``meta.lock``,
+  through a unique temporary file in the same directory and ``os.replace``.
+
+Readers (:func:`read_results`) merge every ``results*.jsonl`` of the directories they are given and never
+write, move or truncate anything: an incomplete last line (a writer may be appending it) is skipped and
+noted. A row's identity is its :data:`ROW_KEY` fields; rows written before ``length``, ``seed``,
+``context_sha256`` and ``model_fingerprint`` joined the key ("legacy" rows) are never reused: a writer
+refuses a file holding them, a reader leaves them out and says so.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import re
+import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +38,19 @@ from kvbench.errors import KvbenchError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["ROW_KEY", "ResultsError", "ResultsStore", "row_key"]
+__all__ = [
+    "LEGACY_KEY",
+    "ROW_KEY",
+    "ResultsError",
+    "ResultsRead",
+    "ResultsStore",
+    "read_results",
+    "results_name",
+    "row_key",
+]
 
-ROW_KEY: tuple[str, ...] = (
+#: Fields of a row's identity before kvbench recorded the settings that change an answer.
+LEGACY_KEY: tuple[str, ...] = (
     "model",
     "engine",
     "method",
@@ -32,10 +61,23 @@ ROW_KEY: tuple[str, ...] = (
     "item",
     "question",
 )
+#: A row's identity: everything that changes its answer. ``length`` is the resolved prompt length (tokens),
+#: ``context_sha256`` the SHA-256 of the context's token ids, ``model_fingerprint`` the weights' (dtype
+#: included) fingerprint of :func:`kvbench.models.fingerprint`.
+ROW_KEY: tuple[str, ...] = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint")
+_NEW_KEY = ROW_KEY[len(LEGACY_KEY) :]
+RESULTS_GLOB = "results*.jsonl"
+_RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
 
 
 class ResultsError(KvbenchError):
     """A results directory or file that cannot be used as is; the message names the fix."""
+
+
+def results_name(shard: tuple[int, int] = (0, 1)) -> str:
+    """The results file name of shard ``(i, N)``: ``results.jsonl`` when N == 1."""
+    i, n = shard
+    return "results.jsonl" if n == 1 else f"results.shard-{i}-of-{n}.jsonl"
 
 
 def row_key(row: Mapping[str, Any]) -> tuple:
@@ -52,25 +94,171 @@ def row_key(row: Mapping[str, Any]) -> tuple:
     return tuple(p if k == "p" else str(row[k]) for k in ROW_KEY)
 
 
+def _is_legacy(row: Mapping[str, Any]) -> bool:
+    """A row of an older kvbench: every legacy key field, but not every field of today's key."""
+    return all(k in row for k in LEGACY_KEY) and any(k not in row for k in _NEW_KEY)
+
+
 def _parse(line: bytes) -> dict | None:
-    """The row stored on one line, or None when the line is not a complete, valid row."""
+    """The row (or legacy row) stored on one line, or None when the line is not a complete, valid row."""
     try:
         row = json.loads(line)
-        return row if isinstance(row, dict) and row_key(row) else None
-    except (ValueError, ResultsError):
+    except ValueError:
         return None
+    if not isinstance(row, dict):
+        return None
+    if _is_legacy(row):
+        return row
+    try:
+        row_key(row)
+    except ResultsError:
+        return None
+    return row
+
+
+@dataclass
+class _Scan:
+    """One results file, parsed. ``good_end``: byte offset just past the last complete, valid line.
+    ``tail``: what follows it (b"" when the file ends cleanly); ``tail_row`` the row when the tail is a
+    complete row that only lacks its newline."""
+
+    rows: list[dict]
+    legacy: int
+    good_end: int
+    tail: bytes
+    tail_row: dict | None
+
+
+def _scan(data: bytes, path: Path) -> _Scan:
+    """Parse a results file's bytes; a bad line anywhere but last is corruption (ResultsError)."""
+    lines = data.split(b"\n")
+    tail = lines.pop()  # bytes after the last newline: b"" when the file ends cleanly
+    rows: list[dict] = []
+    legacy = good_end = 0
+    for i, line in enumerate(lines):
+        row = _parse(line)
+        if row is None:
+            if i == len(lines) - 1 and not tail:
+                tail = line + b"\n"  # a bad last line is a crash signature, not corruption
+                break
+            raise ResultsError(
+                f"{path}: line {i + 1} is not a valid result row; the file was not modified. "
+                "Fix or delete that line by hand, or use a different --out directory"
+            )
+        if _is_legacy(row):
+            legacy += 1
+        else:
+            rows.append(row)
+        good_end += len(line) + 1
+    tail_row = _parse(tail) if tail and not tail.endswith(b"\n") else None
+    if tail_row is not None and _is_legacy(tail_row):
+        legacy, tail_row = legacy + 1, None
+    return _Scan(rows, legacy, good_end, tail, tail_row)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A file's bytes, or a ResultsError naming the file and the fix."""
+    if path.is_dir():
+        raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        fix = "fix its permissions or use another --out"
+        raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+
+
+def _legacy_error(path: Path, n: int) -> ResultsError:
+    return ResultsError(
+        f"{path} holds {n} rows of an older kvbench whose identity lacks {', '.join(_NEW_KEY)}, so they could "
+        "stand for the wrong settings: run into a new --out directory (or move that file away)"
+    )
+
+
+def _write_error(path: Path, e: OSError, saved: int) -> ResultsError:
+    """The one-line message for a failed write of ``path`` (a full disk, a read-only file, …)."""
+    reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    return ResultsError(
+        f"cannot write {path}: {reason}; {saved} finished rows are saved there. Fix that "
+        "(free space, permissions) and rerun the same command: it resumes where it stopped"
+    )
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` through a unique temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other readers
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _write_error(path, e, 0) from None
+
+
+def _read_json(path: Path, expect: type, fix: str) -> Any:
+    """The JSON value of ``path`` (None when absent); a ResultsError when unreadable or not ``expect``."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(_read_bytes(path))
+    except ValueError:
+        data = None
+    if not isinstance(data, expect):
+        raise ResultsError(f"{path} is corrupt; it was left as is. {fix}")
+    return data
+
+
+class _Lock:
+    """An exclusive ``fcntl.flock`` on ``path``, holding ``{"pid", "command"}`` of its owner."""
+
+    def __init__(self, path: Path, *, wait: bool) -> None:
+        """Take the lock (waiting for it when ``wait``); BlockingIOError when held and not ``wait``."""
+        self.path = path
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise
+        if not wait:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, json.dumps({"pid": os.getpid(), "command": sys.argv}).encode() + b"\n")
+
+    @staticmethod
+    def holder(path: Path) -> str:
+        """Who holds the lock at ``path``, as "pid N (command …)"; read without taking it."""
+        for _ in range(20):  # the holder writes its pid just after taking the lock
+            try:
+                info = json.loads(path.read_bytes())
+                return f"pid {info['pid']} ({' '.join(map(str, info['command']))})"
+            except (OSError, ValueError, KeyError, TypeError):
+                time.sleep(0.01)
+        return "a process that has not written its pid yet"
+
+    def release(self) -> None:
+        """Release the lock (the file stays; it is not a sign of a live writer)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class ResultsStore:
-    """Append-only, crash-safe store of finished rows in ``<out_dir>/results.jsonl``."""
+    """The one writer of ``<out_dir>/results_name(shard)``: append-only, crash-safe, locked while open."""
 
-    def __init__(self, out_dir: str | Path) -> None:
-        """Open (creating if needed) the results directory, recover from a crash mid-write, load the rows."""
+    def __init__(self, out_dir: str | Path, shard: tuple[int, int] = (0, 1)) -> None:
+        """Open (creating if needed) the results directory, lock this shard's results file, recover from a
+        crash mid-write, and load the rows done in every results file of the directory."""
         self.dir = Path(out_dir)
-        self.path = self.dir / "results.jsonl"
+        self.path = self.dir / results_name(shard)
         self.manifest_path = self.dir / "manifest.json"
         self.recovered: str | None = None
         self._rows: dict[tuple, dict] = {}
+        self._done: set[tuple] = set()  # keys of rows in the directory's other results files
+        self._fd: int | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             probe = self.dir / f".write-probe-{os.getpid()}"
@@ -81,59 +269,78 @@ class ResultsStore:
                 f"cannot create or write the results directory {self.dir} ({e.strerror or e}); "
                 "pick another one with --out"
             ) from None
+        if self.path.is_dir():
+            raise ResultsError(f"{self.path} is a directory, not a results file: move it away or use another --out")
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            self._lock = _Lock(lock_path, wait=False)
+        except BlockingIOError:
+            raise ResultsError(
+                f"{self.path} is being written by another kvbench run, {_Lock.holder(lock_path)}: wait for it to "
+                "finish, or use another --out (shards of one run: --shard i/N, each its own file)"
+            ) from None
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        """Under the lock: load (and repair) this file, note the other files' rows, open for appending."""
         if self.path.exists():
             self._load()
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for other in sorted(self.dir.glob(RESULTS_GLOB)):
+            if other != self.path and _RESULTS_NAME.fullmatch(other.name) and other.is_file():
+                self._done.update(row_key(r) for r in _scan(_read_bytes(other), other).rows)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _write_error(self.path, e, len(self._rows)) from None
 
     def _load(self) -> None:
-        """Read results.jsonl; repair an interrupted last line, refuse corruption anywhere else."""
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        tail = lines.pop()  # bytes after the last newline: b"" when the file ends cleanly
-        good_end = 0  # byte offset just past the last complete, valid line
-        for i, line in enumerate(lines):
-            row = _parse(line)
-            if row is None:
-                if i == len(lines) - 1 and not tail:
-                    break  # a bad last line is a crash signature: dropped below
-                raise ResultsError(
-                    f"{self.path}: line {i + 1} is not a valid result row; the file was not modified. "
-                    "Fix or delete that line by hand, or use a different --out directory"
+        """Read this results file; repair an interrupted last line, refuse corruption and legacy rows."""
+        data = _read_bytes(self.path)
+        scan = _scan(data, self.path)
+        if scan.legacy:
+            raise _legacy_error(self.path, scan.legacy)
+        for row in scan.rows:
+            self._rows.setdefault(row_key(row), row)
+        name = self.path.name
+        try:
+            if scan.tail_row is not None:  # complete row that only lacks its newline
+                with open(self.path, "ab") as f:
+                    f.write(b"\n")
+                    os.fsync(f.fileno())
+                self._rows.setdefault(row_key(scan.tail_row), scan.tail_row)
+                self.recovered = (
+                    f"{name}: added the missing newline after the last row (interrupted run); "
+                    f"{len(self._rows)} finished rows kept"
                 )
-            self._rows.setdefault(row_key(row), row)
-            good_end += len(line) + 1
-        row = _parse(tail) if tail else None
-        if row is not None:  # complete row that only lacks its newline
-            with open(self.path, "ab") as f:
-                f.write(b"\n")
-                os.fsync(f.fileno())
-            self._rows.setdefault(row_key(row), row)
-            self.recovered = (
-                "results.jsonl: added the missing newline after the last row (interrupted run); "
-                f"{len(self._rows)} finished rows kept"
-            )
-        elif good_end < len(data):
-            dropped = data[good_end:]
-            partial = self.path.with_name(f"{self.path.name}.partial-{int(time.time())}")
-            partial.write_bytes(dropped)
-            os.truncate(self.path, good_end)
-            self.recovered = (
-                f"results.jsonl: dropped a partial last line ({len(dropped)} bytes, saved to {partial.name}) "
-                f"left by an interrupted run; {len(self._rows)} finished rows kept"
-            )
+            elif scan.tail:
+                partial = self.path.with_name(f"{name}.partial-{os.getpid()}-{time.time_ns()}")
+                partial.write_bytes(scan.tail)
+                os.truncate(self.path, scan.good_end)
+                self.recovered = (
+                    f"{name}: dropped a partial last line ({len(scan.tail)} bytes, saved to {partial.name}) "
+                    f"left by an interrupted run; {len(self._rows)} finished rows kept"
+                )
+        except OSError as e:
+            raise _write_error(self.path, e, len(self._rows)) from None
 
     def is_done(self, key_or_row: Mapping[str, Any] | Sequence[Any]) -> bool:
-        """Whether a row with this key (a ROW_KEY tuple or a row mapping) is already stored."""
+        """Whether a row with this key (a ROW_KEY tuple or a row mapping) is stored in any results file."""
         row = key_or_row if isinstance(key_or_row, Mapping) else dict(zip(ROW_KEY, key_or_row, strict=True))
-        return row_key(row) in self._rows
+        key = row_key(row)
+        return key in self._rows or key in self._done
 
     def append(self, row: dict) -> None:
-        """Durably append one finished row (p normalised); refuse duplicates and non-JSON values."""
+        """Durably append one finished row (p normalised); refuse duplicates and non-JSON values. A failed
+        write (full disk, …) is cut back off the file and raised as a ResultsError naming it."""
         if self._fd is None:
             raise ResultsError(f"the results store {self.path} is closed")
         key = row_key(row)
-        if key in self._rows:
-            raise ResultsError(f"row {key} is already in {self.path}; skip done rows with is_done()")
+        if self.is_done(key):
+            raise ResultsError(f"row {key} is already in {self.dir}; skip done rows with is_done()")
         row = {**row, "p": key[ROW_KEY.index("p")]}
         try:
             buf = (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
@@ -142,53 +349,58 @@ class ResultsStore:
                 f"row {key} cannot be stored as JSON ({e}); results must be finite numbers, strings, "
                 "lists or dicts — fix the value that produced it"
             ) from None
-        while buf:
-            buf = buf[os.write(self._fd, buf) :]
-        os.fsync(self._fd)
+        size = os.fstat(self._fd).st_size
+        try:
+            while buf:
+                buf = buf[os.write(self._fd, buf) :]
+            os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, size)  # no partial line left behind (else the next open sets it aside)
+            except OSError:
+                pass
+            raise _write_error(self.path, e, len(self._rows)) from None
         self._rows[key] = row
 
     def rows(self) -> list[dict]:
-        """Every finished row, in file order, first occurrence of each key."""
+        """Every finished row of this store's own file, in file order, first occurrence of each key."""
         return list(self._rows.values())
 
     def __len__(self) -> int:
-        """Number of distinct finished rows."""
+        """Number of distinct finished rows in this store's own file."""
         return len(self._rows)
+
+    def _meta_lock(self) -> _Lock:
+        """The directory's lock for manifest.json / missing.json updates (shards share them)."""
+        if self._fd is None:
+            raise ResultsError(f"the results store {self.path} is closed")
+        return _Lock(self.dir / "meta.lock", wait=True)
 
     def manifest(self) -> dict:
         """The manifest, ``{"runs": [...]}`` (empty when no run wrote one yet)."""
-        if not self.manifest_path.exists():
-            return {"runs": []}
-        try:
-            manifest = json.loads(self.manifest_path.read_bytes())
-        except ValueError:
-            manifest = None
-        if not (isinstance(manifest, dict) and isinstance(manifest.get("runs"), list)):
-            raise ResultsError(
-                f'{self.manifest_path} is corrupt (expected JSON {{"runs": [...]}}); it was left as is. '
-                "Repair or move it away, or use a different --out directory"
-            )
+        fix = "Repair or move it away, or use a different --out directory"
+        manifest = _read_json(self.manifest_path, dict, fix) or {"runs": []}
+        if not isinstance(manifest.get("runs"), list):
+            raise ResultsError(f"{self.manifest_path} is corrupt; it was left as is. {fix}")
         return manifest
 
     def write_manifest(self, entry: dict) -> None:
         """Atomically add one run entry (versions, seeds, config, ``model``, ``model_fingerprint``)."""
-        manifest = self.manifest()
-        name, fingerprint = entry.get("model"), entry.get("model_fingerprint")
-        for run in manifest["runs"]:
-            if run.get("model") == name and run.get("model_fingerprint") != fingerprint:
-                raise ResultsError(
-                    f"{self.dir} already holds results of a different model named {name!r} "
-                    f"(fingerprint {run.get('model_fingerprint')} != {fingerprint}); rows of two different "
-                    "models with the same name would be mixed. Use a different --out directory"
-                )
-        manifest["runs"].append(entry)
-        data = json.dumps(manifest, ensure_ascii=False, indent=2) + "\n"
-        tmp = self.manifest_path.with_name("manifest.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.manifest_path)
+        lock = self._meta_lock()
+        try:
+            manifest = self.manifest()
+            name, fingerprint = entry.get("model"), entry.get("model_fingerprint")
+            for run in manifest["runs"]:
+                if run.get("model") == name and run.get("model_fingerprint") != fingerprint:
+                    raise ResultsError(
+                        f"{self.dir} already holds results of a different model named {name!r} "
+                        f"(fingerprint {run.get('model_fingerprint')} != {fingerprint}); rows of two different "
+                        "models with the same name would be mixed. Use a different --out directory"
+                    )
+            manifest["runs"].append(entry)
+            _atomic_write(self.manifest_path, json.dumps(manifest, ensure_ascii=False, indent=2) + "\n")
+        finally:
+            lock.release()
 
     @property
     def missing_path(self) -> Path:
@@ -196,29 +408,29 @@ class ResultsStore:
 
     def missing(self) -> dict[str, str]:
         """Tasks that could not run for lack of data: ``{"bench/task": reason}``."""
-        if not self.missing_path.exists():
-            return {}
-        try:
-            data = json.loads(self.missing_path.read_bytes())
-        except ValueError:
-            raise ResultsError(f"{self.missing_path} is corrupt; delete it (the next run rewrites it)") from None
-        return data if isinstance(data, dict) else {}
+        fix = "Delete it (the next run rewrites it)"
+        return _read_json(self.missing_path, dict, fix) or {}
 
     def record_missing(self, bench: str, task: str, reason: str) -> None:
         """Atomically record that ``bench/task`` is missing its data (shown as missing in reports)."""
-        data = {**self.missing(), f"{bench}/{task}": reason}
-        tmp = self.missing_path.with_name("missing.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.missing_path)
+        lock = self._meta_lock()
+        try:
+            data = {**self.missing(), f"{bench}/{task}": reason}
+            _atomic_write(self.missing_path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        finally:
+            lock.release()
 
     def close(self) -> None:
-        """Close the results file; later appends raise."""
-        if self._fd is not None:
+        """Close the results file and release its lock; later appends raise."""
+        if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+
+    def __del__(self) -> None:
+        """A store dropped without close() still releases its file and lock."""
+        self.close()
 
     def __enter__(self) -> Self:
         """Use as a context manager that closes the store on exit."""
@@ -227,3 +439,54 @@ class ResultsStore:
     def __exit__(self, *exc: object) -> None:
         """Close the store."""
         self.close()
+
+
+@dataclass
+class ResultsRead:
+    """What :func:`read_results` found. ``rows``: every distinct row (first occurrence of each key, files
+    in name order); ``missing``: ``{"bench/task": reason}`` from every ``missing.json``; ``notes``: one line
+    per thing skipped or merged (an incomplete last line, legacy rows, duplicates)."""
+
+    rows: list[dict] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_results(dirs: Path | str | Sequence[Path | str]) -> ResultsRead:
+    """Merge every ``results*.jsonl`` and ``missing.json`` of ``dirs``, read-only (nothing is ever written,
+    moved or truncated, so it works on a read-only directory and beside a running writer)."""
+    dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
+    out = ResultsRead()
+    seen: set[tuple] = set()
+    duplicates = 0
+    for d in dirs:
+        if not d.is_dir():
+            raise ResultsError(f"no results directory {d}: run `kvbench run --out {d}` first")
+        files = [f for f in sorted(d.glob(RESULTS_GLOB)) if _RESULTS_NAME.fullmatch(f.name)]
+        missing = _read_json(d / "missing.json", dict, "Delete it (the next run rewrites it)") or {}
+        if not files and not missing:
+            raise ResultsError(f"no results in {d}: run `kvbench run --out {d}` first")
+        out.missing.update(missing)
+        for path in files:
+            scan = _scan(_read_bytes(path), path)
+            rows = scan.rows + ([scan.tail_row] if scan.tail_row is not None else [])
+            if scan.tail and scan.tail_row is None:
+                out.notes.append(
+                    f"skipped an incomplete last line in {path} ({len(scan.tail)} bytes: a run is writing it "
+                    "or was interrupted; rerunning it redoes that row)"
+                )
+            if scan.legacy:
+                out.notes.append(
+                    f"left out {scan.legacy} rows of {path} written by an older kvbench: their identity lacks "
+                    f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
+                )
+            for row in rows:
+                key = row_key(row)
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+                out.rows.append(row)
+    if duplicates:
+        out.notes.append(f"{duplicates} rows stored more than once (overlapping shards?) were counted once")
+    return out

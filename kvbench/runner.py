@@ -1,9 +1,12 @@
 """The runner: per context, prefill once -> each method scores once -> each (allocation, p) forks a
 child -> each question is answered from the child, scored, and appended as one row.
 
-Rows already in ``<out>/results.jsonl`` are skipped (a context whose rows are all done is not even
-prefilled), so rerunning an interrupted command resumes it. ``shard=(i, N)`` keeps the contexts whose
-0-based enumeration index ``c`` satisfies ``c % N == i`` (enumeration: tasks in bench order, then items).
+Rows already in any results file of ``<out>`` are skipped (a context whose rows are all done is not even
+prefilled), so rerunning an interrupted command resumes it. A row's identity (``kvbench.results.ROW_KEY``)
+includes the resolved length, the seed, the context's SHA-256 and the model fingerprint, so a run with
+other settings never reuses it. ``shard=(i, N)`` keeps the contexts whose 0-based enumeration index ``c``
+satisfies ``c % N == i`` (enumeration: tasks in bench order, then items) and writes its own results file
+(``kvbench.results.results_name``), so the shards of one run may write one ``--out`` at the same time.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from rich.console import Console
@@ -24,7 +27,7 @@ from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.methods import EvictionMethod, get_method, method_class
-from kvbench.models import DEFAULT_LENGTH, LoadedModel, cache_dir, load_model
+from kvbench.models import DEFAULT_LENGTH, LoadedModel, cache_dir, check_device, check_dtype, load_model, max_positions
 from kvbench.prompt import Rendered, prompt_length, render
 from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
@@ -61,6 +64,7 @@ class RunSummary:
     rows_skipped: int = 0
     contexts: int = 0
     recovered: str | None = None
+    path: Path | None = None  # the results file written
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -74,6 +78,13 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _no_duplicates(option: str, values: Sequence) -> None:
+    """Refuse a list option naming one value twice (its rows would collide mid-run)."""
+    twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+    if twice:
+        raise KvbenchError(f"{option} lists {', '.join(twice)} more than once; give each value once")
+
+
 def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[float]]]:
     """Check the configuration before any model is loaded; return (method, allocations, ps) per method."""
     if config.engine not in ENGINES:
@@ -82,7 +93,19 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
         raise KvbenchError("no method given; use --method, e.g. --method full,random")
     if config.limit < 1:
         raise KvbenchError(f"--limit {config.limit}: need at least 1 item per task")
+    if config.length is not None and config.length < 1:
+        raise KvbenchError(f"--length {config.length}: need a positive number of tokens (or omit it for the default)")
+    if config.threads is not None and config.threads < 1:
+        raise KvbenchError(f"--threads {config.threads}: need at least 1 (or omit it for torch's default)")
+    if not config.ps:
+        raise KvbenchError("no kept fraction given; use --p, e.g. --p 0.5,0.1 or --p all")
+    check_dtype(config.dtype)
+    check_device(config.device)
     ps = [budgets.validate_p(p) for p in config.ps]
+    _no_duplicates("--p", [round(p, 4) for p in ps])
+    _no_duplicates("--method", config.methods)
+    _no_duplicates("--allocation", config.allocations or [])
+    _no_duplicates("--task", config.tasks or [])
     bench = get_bench(config.bench)
     for task in config.tasks or []:
         if task not in bench.tasks():
@@ -108,35 +131,45 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     return plan
 
 
-def _contexts(config: RunConfig, lm: LoadedModel, store: ResultsStore, console: Console) -> Iterator[Context]:
-    """Contexts of this shard; a task whose data is missing is recorded as missing and skipped."""
+def _contexts(config: RunConfig, lm: LoadedModel, console: Console) -> tuple[list[Context], dict[str, str]]:
+    """Contexts of this shard, and ``{task: reason}`` of the tasks skipped for missing data or a too-short
+    length. A task named with ``--task`` that cannot run is an error, and so is a bench none of whose tasks
+    can run (nothing would be written)."""
     bench = get_bench(config.bench)
     bench.cache_dir = cache_dir() / bench.name
     measure = prompt_length(lm.tokenizer)
+    mine: list[Context] = []
+    skipped: dict[str, str] = {}
     index = 0
     for task in config.tasks or bench.tasks():
         try:
             contexts = list(
                 bench.contexts(task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure)
             )
-        except MissingDataError as exc:
-            store.record_missing(config.bench, task, str(exc))
-            console.print(f"[yellow]{config.bench}/{task} is missing its data: {exc}[/yellow]")
-            continue
-        except TooShortError as exc:
-            if config.tasks:  # asked for by name: the user's --length is wrong for it
+        except (MissingDataError, TooShortError) as exc:
+            if config.tasks:  # asked for by name: its data or the user's --length is wrong for it
                 raise
-            # every task of the bench: one that cannot fit this length is recorded (reports list it), not run
-            store.record_missing(config.bench, task, f"does not fit: {exc}")
-            console.print(f"[yellow]{config.bench}/{task} does not fit --length {config.length}: {exc}[/yellow]")
+            # every task of the bench: one that cannot run is recorded (reports list it), not run
+            missing = isinstance(exc, MissingDataError)
+            skipped[task] = str(exc) if missing else f"does not fit: {exc}"
+            what = "is missing its data" if missing else f"does not fit --length {config.length}"
+            console.print(f"[yellow]{config.bench}/{task} {what}: {exc}[/yellow]")
             continue
         for ctx in contexts:
             if index % config.shard[1] == config.shard[0]:
-                yield ctx
+                mine.append(ctx)
             index += 1
+    if index == 0 and skipped:
+        reasons = "; ".join(f"{config.bench}/{t}: {r}" for t, r in skipped.items())
+        raise KvbenchError(f"nothing to run, no task of {config.bench} can run: {reasons}")
+    return mine, skipped
 
 
-def _key(lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str) -> dict:
+def _key(
+    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str, sha256: str
+) -> dict:
+    """A row's identity (``kvbench.results.ROW_KEY``); ``config`` has its defaults resolved, ``sha256`` is
+    the context's token-id hash."""
     return {
         "model": lm.name,
         "engine": config.engine,
@@ -147,6 +180,10 @@ def _key(lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: fl
         "task": ctx.task,
         "item": ctx.item,
         "question": qid,
+        "length": config.length,
+        "seed": config.seed,
+        "context_sha256": sha256,
+        "model_fingerprint": lm.fingerprint,
     }
 
 
@@ -210,27 +247,41 @@ def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu"):
 
 
 def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
-    """Execute ``config``; rows go to ``config.out/results.jsonl`` as they finish."""
+    """Execute ``config``; rows go to ``config.out/results_name(config.shard)`` as they finish. Every check
+    that can fail on the user's input runs before the manifest or any row is written."""
     console = console or Console(stderr=True)
     plan = validate(config)
-    store = ResultsStore(config.out)
-    summary = RunSummary(recovered=store.recovered)
+    _engine_dtype(config)
+    with ResultsStore(config.out, config.shard) as store:
+        return _run_locked(config, console, lm, plan, store)
+
+
+def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, plan, store: ResultsStore) -> RunSummary:
+    """``run`` with the results file open and locked."""
+    summary = RunSummary(recovered=store.recovered, path=store.path)
     if store.recovered:
         console.print(f"[yellow]{store.recovered}[/yellow]")
     if config.threads:
         torch.set_num_threads(config.threads)
     lm = lm or load_model(config.model, device=config.device, dtype=_engine_dtype(config))
     config = resolve_defaults(config, lm)
+    if config.length > max_positions(lm):
+        raise KvbenchError(
+            f"--length {config.length} exceeds the {max_positions(lm)} positions of model {lm.name}; "
+            f"use --length <= {max_positions(lm)}"
+        )
     if lm.random_weights:
         console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
+    with console.status(f"generating {config.bench} contexts …"):
+        contexts, skipped = _contexts(config, lm, console)  # up front: an exact progress total
+    for task, reason in skipped.items():
+        store.record_missing(config.bench, task, reason)
     store.write_manifest(manifest_entry(config, lm))
     engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
-    with console.status(f"generating {config.bench} contexts …"):
-        contexts = list(_contexts(config, lm, store, console))  # up front: an exact progress total
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
-        with store, Progress(*columns, console=console, transient=False) as progress:
+        with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("contexts", total=len(contexts))
             for ctx in contexts:
                 progress.update(bar, description=f"{ctx.task} #{ctx.item}")
@@ -252,7 +303,7 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
         (method.name, alloc, p): [
             qi
             for qi, q in enumerate(ctx.questions)
-            if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid))
+            if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid, rendered.sha256))
         ]
         for method, allocs, ps in plan
         for alloc in allocs
@@ -308,7 +359,7 @@ def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, 
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.stats
     return {
-        **_key(lm, config, method.name, alloc, p, ctx, q.qid),
+        **_key(lm, config, method.name, alloc, p, ctx, q.qid, rendered.sha256),
         "prediction": ans.text,
         "references": list(q.references),
         "score": scores[q.scorers[0]],
@@ -323,14 +374,12 @@ def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, 
         "n_context": parent.n,
         "prot": parent.prot,
         "truncated_from": rendered.truncated_from,
-        "context_sha256": parent.sha256,
         "prefill_s": parent.prefill_seconds,
         "score_s": score_s,
         "fork_s": child.fork_seconds,
         "answer_s": ans.seconds,
         "new_tokens": len(ans.token_ids),
         "stopped": ans.stopped,
-        "seed": config.seed,
         "random_weights": lm.random_weights,
         "meta": ctx.meta,
     }
