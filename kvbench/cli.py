@@ -217,6 +217,8 @@ def cost(
         raise KvbenchError(f"--lengths {lengths!r} must be comma-separated integers") from None
     if not ns or min(ns) < 2 or repeats < 1:
         raise KvbenchError("--lengths needs integers >= 2 and --repeats >= 1")
+    if threads is not None and threads < 1:
+        raise KvbenchError(f"--threads {threads}: need at least 1 (or omit it for torch's default)")
     if threads:
         torch.set_num_threads(threads)
     lm = load_model(model, device=device, dtype=dtype)
@@ -344,6 +346,13 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
+try:  # typer >= 0.2x parses options with its own copy of click, raising its own UsageError
+    from typer._click.exceptions import UsageError as _TyperUsageError
+except ImportError:  # older typer: click's
+    _TyperUsageError = click.UsageError
+USAGE_ERRORS = (click.UsageError, _TyperUsageError)
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
     from kvbench.engines.hf_adapters import quiet_kernel_warnings
@@ -359,7 +368,7 @@ def main() -> None:
         raise SystemExit(130) from None
     except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
-    except click.UsageError as exc:  # one line too, naming where the valid usage is listed
+    except USAGE_ERRORS as exc:  # one line too, naming where the valid usage is listed
         where = f"`{exc.ctx.command_path} --help`" if exc.ctx else "`kvbench --help`"
         err_console.print(f"[bold red]error:[/bold red] {escape(exc.format_message())} (see {where})", soft_wrap=True)
         raise SystemExit(exc.exit_code) from None

@@ -11,7 +11,7 @@ import torch
 
 from kvbench import budgets, cli
 from kvbench.methods import EvictionMethod, register_method
-from kvbench.results import ResultsStore
+from kvbench.results import ResultsStore, read_results
 
 LENGTH = "900"  # byte tokenizer: room for a few haystack lines plus 128 generated tokens
 # The suite runs the random-weight byte-tokenizer model (fast); tests/test_builtin_model.py covers the default.
@@ -159,11 +159,13 @@ def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, monkeypatch, 
 
 
 def test_shards_partition_the_contexts(tmp_path):
-    base = ["run", *MODEL, "--method", "full", "--limit", "3", "--length", LENGTH]
+    """Shards of one run share an --out, each writing its own results file; readers merge them."""
+    base = ["run", *MODEL, "--method", "full", "--limit", "3", "--length", LENGTH, "--out", str(tmp_path)]
     for i in range(2):
-        assert kvbench(*base, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")) == 0
-    items = [sorted(r["item"] for r in read_rows(tmp_path / f"s{i}")) for i in range(2)]
+        assert kvbench(*base, "--shard", f"{i}/2") == 0
+    items = [sorted(r["item"] for r in ResultsStore(tmp_path, (i, 2)).rows()) for i in range(2)]
     assert items == [["0", "2"], ["1"]]
+    assert sorted(r["item"] for r in read_results(tmp_path).rows) == ["0", "1", "2"]
 
 
 def test_random_method_is_seeded_per_context():
