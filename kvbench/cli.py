@@ -55,7 +55,10 @@ def run(
         help="flat|pyramid|gate|global, comma separated (default: each method's own).",
     ),
     model: Optional[str] = typer.Option(
-        None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
+        None,
+        "--model",
+        help="Built-in model name(s), local directories or hub ids, comma separated, run one after another "
+        "(default: tiny-trained).",
     ),
     engine: str = typer.Option("torch", "--engine", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
@@ -82,8 +85,7 @@ def run(
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
         os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
-    from kvbench.runner import RunConfig, parse_shard
-    from kvbench.runner import run as run_config
+    from kvbench.runner import RunConfig, parse_shard, run_models
 
     config = RunConfig(
         methods=_split(method) or [],
@@ -91,7 +93,7 @@ def run(
         tasks=_split(task),
         ps=parse_ps(p),
         allocations=_split(allocation),
-        model=model,
+        model=None,
         engine=engine,
         limit=limit,
         length=length,
@@ -102,7 +104,7 @@ def run(
         dtype=dtype,
         threads=threads,
     )
-    summary = run_config(config, console=err_console)
+    summary = run_models(config, _split(model) or [None], console=err_console)
     err_console.print(
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
         f"{summary.contexts} contexts -> {out / 'results.jsonl'}"
