@@ -97,6 +97,10 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     plan = []
     for name in config.methods:
         cls = method_class(name)
+        engines = getattr(cls, "engines", None)  # a method that runs on some engines only names them
+        if engines is not None and config.engine not in engines:
+            raise KvbenchError(f"method {name} runs on the {' / '.join(engines)} engine only; drop it or use "
+                               f"--engine {engines[0]}")  # fmt: skip
         if cls.fixed_p is not None:
             plan.append((get_method(name, config.seed), [cls.default_allocation], [cls.fixed_p]))
             continue

@@ -118,6 +118,7 @@ class Oracle(QueryAwareMethod):
     name = "oracle"
     default_allocation = "gate"
     extra_passes = True
+    engines = ("torch",)  # checked by the runner before any model loads
 
     def full_cache_answer(self, parent: ParentSession, question: QuestionInput) -> list[int]:
         """The unpruned parent's greedy answer to ``question`` (token ids, stop token excluded)."""

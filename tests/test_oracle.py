@@ -30,7 +30,7 @@ from kvbench.methods import (
 from kvbench.methods.oracle import Oracle, probe_with_values
 from kvbench.models import load_model
 from kvbench.prompt import prompt_length, render
-from kvbench.runner import RunConfig, check_models, run, run_models
+from kvbench.runner import RunConfig, check_models, run, run_models, validate
 from kvbench.tasks import get_bench
 from tests.conftest import tiny_model
 
@@ -262,7 +262,7 @@ def test_query_aware_classes_are_checked():
         get_method("keydiff").score_question(None, QuestionInput((1,), 1))
 
 
-def test_oracle_refuses_an_engine_without_the_model(trained):
+def test_oracle_refuses_an_engine_without_the_model(tmp_path):
     """A parent that is not the torch engine's (vLLM) is an error naming --engine torch, before any decoding."""
 
     class Foreign:
@@ -270,6 +270,9 @@ def test_oracle_refuses_an_engine_without_the_model(trained):
 
     with pytest.raises(KvbenchError, match="--engine torch"):
         Oracle().score_question(Foreign(), QuestionInput((1, 2), 4))
+    config = RunConfig(methods=["full", "oracle"], bench="needle", ps=[0.5], out=tmp_path / "x", engine="vllm")
+    with pytest.raises(KvbenchError, match="runs on the torch engine only"):
+        validate(config)  # before any model loads
 
 
 def read_rows(out):
