@@ -294,6 +294,9 @@ def train_tiny(
     card_note: Optional[Path] = typer.Option(
         None, "--card-note", help="Markdown file quoted in the exported model card below the accuracy table."
     ),
+    arch: str = typer.Option(
+        "qwen3_next", "--arch", help="qwen3_next (MoE, the shipped tiny-trained) | qwen3_5 (dense qwen3_5_text twin)."
+    ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
     The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
@@ -308,7 +311,7 @@ def train_tiny(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
-        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup,
+        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
     target = T.export_builtin(final, export, note=note) if export else final
