@@ -60,7 +60,10 @@ def run(
         help="Allocation(s), comma separated (default: each method's own).",
     ),
     model: Optional[str] = typer.Option(
-        None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
+        None,
+        "--model",
+        help="Built-in model name(s), local directories or hub ids, comma separated, run one after another "
+        "(default: tiny-trained).",
     ),
     engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Inference engine."),
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
@@ -91,8 +94,7 @@ def run(
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
         os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
-    from kvbench.runner import RunConfig, parse_shard
-    from kvbench.runner import run as run_config
+    from kvbench.runner import RunConfig, parse_shard, run_models
 
     config = RunConfig(
         methods=_split(method) or [],
@@ -100,7 +102,7 @@ def run(
         tasks=_split(task),
         ps=parse_ps(p),
         allocations=_split(allocation),
-        model=model,
+        model=None,
         engine=engine,
         limit=limit,
         length=length,
@@ -111,7 +113,7 @@ def run(
         dtype=dtype,
         threads=threads,
     )
-    summary = run_config(config, console=err_console)
+    summary = run_models(config, _split(model) or [None], console=err_console)
     err_console.print(
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
         f"{summary.contexts} contexts -> {summary.path}",
@@ -307,6 +309,9 @@ def train_tiny(
     card_note: Optional[Path] = typer.Option(
         None, "--card-note", help="Markdown file quoted in the exported model card below the accuracy table."
     ),
+    arch: str = typer.Option(
+        "qwen3_next", "--arch", help="qwen3_next (MoE, the shipped tiny-trained) | qwen3_5 (dense qwen3_5_text twin)."
+    ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
     The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
@@ -321,7 +326,7 @@ def train_tiny(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
-        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup,
+        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
     target = T.export_builtin(final, export, note=note) if export else final

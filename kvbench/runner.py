@@ -1,5 +1,7 @@
 """The runner: per context, prefill once -> each method scores once -> each (allocation, p) forks a
-child -> each question is answered from the child, scored, and appended as one row.
+child -> each question is answered from the child, scored, and appended as one row. A query-aware method
+(``method.query_aware``, e.g. ``oracle``) scores once per question instead and forks per (question, p).
+:func:`run_models` runs one configuration on several models, one after another.
 
 Rows already in any results file of ``<out>`` are skipped (a context whose rows are all done is not even
 prefilled), so rerunning an interrupted command resumes it. A row's identity (``kvbench.results.ROW_KEY``)
@@ -26,8 +28,17 @@ import kvbench
 from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
-from kvbench.methods import EvictionMethod, get_method, method_class
-from kvbench.models import DEFAULT_LENGTH, LoadedModel, cache_dir, check_device, check_dtype, load_model, max_positions
+from kvbench.methods import EvictionMethod, QuestionInput, get_method, method_class
+from kvbench.models import (
+    BUILTIN_MODELS,
+    DEFAULT_LENGTH,
+    LoadedModel,
+    cache_dir,
+    check_device,
+    check_dtype,
+    load_model,
+    max_positions,
+)
 from kvbench.prompt import Rendered, prompt_length, render
 from kvbench.results import ResultsStore
 from kvbench.scorers import score as run_scorer
@@ -118,6 +129,10 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     plan = []
     for name in config.methods:
         cls = method_class(name)
+        engines = getattr(cls, "engines", None)  # a method that runs on some engines only names them
+        if engines is not None and config.engine not in engines:
+            raise KvbenchError(f"method {name} runs on the {' / '.join(engines)} engine only; drop it or use "
+                               f"--engine {engines[0]}")  # fmt: skip
         if cls.fixed_p is not None:
             plan.append((get_method(name, config.seed), [cls.default_allocation], [cls.fixed_p]))
             continue
@@ -297,6 +312,41 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
     return summary
 
 
+def check_models(models: Sequence[str | None]) -> None:
+    """Fail fast on a ``--model`` list before the first model runs: no name twice, and every name a built-in
+    model, an existing local directory or of the hub-id form ``org/name``."""
+    seen = [m or "(default)" for m in models]
+    twice = sorted({m for m in seen if seen.count(m) > 1})
+    if twice:
+        raise KvbenchError(f"--model lists {', '.join(twice)} more than once; name each model once")
+    for name in models:
+        if name is None or name in BUILTIN_MODELS or Path(name).exists():
+            continue
+        if len(name.split("/")) != 2 or not all(name.split("/")):
+            raise KvbenchError(
+                f"unknown model {name!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), not a local "
+                "directory, and not a hub id (org/name); fix the --model list"
+            )
+
+
+def run_models(config: RunConfig, models: Sequence[str | None], console: Console | None = None) -> RunSummary:
+    """``config`` once per model of ``models`` (None: the default model), one after another into the same
+    ``config.out``: each model is loaded once and released before the next one loads. Rows are told apart by
+    their ``model`` field; the manifest gets one entry per model. The configuration and the list are checked
+    before any model loads."""
+    check_models(models)
+    validate(config)
+    total = RunSummary()
+    for name in models:
+        summary = run(replace(config, model=name), console)
+        total.rows_written += summary.rows_written
+        total.rows_skipped += summary.rows_skipped
+        total.contexts += summary.contexts
+        total.recovered = total.recovered or summary.recovered
+        total.path = summary.path
+    return total
+
+
 def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar) -> None:
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
     pending = {
@@ -318,6 +368,10 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
         for method, allocs, ps in plan:
             if not any(pending[(method.name, a, p)] for a in allocs for p in ps):
                 continue
+            if method.query_aware:
+                _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary,
+                                 progress, bar)  # fmt: skip
+                continue
             progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name}: scoring")
             start = time.perf_counter()
             scores = method.score(parent)
@@ -330,16 +384,41 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
                         continue
                     progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
                     kept = method.select(parent, scores, p, alloc)
-                    child = parent.fork(kept)
-                    try:
-                        for qi in questions:
-                            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s)
-                            store.append(row)
-                            summary.rows_written += 1
-                    finally:
-                        child.release()
+                    _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s,
+                                     store, summary)  # fmt: skip
     finally:
         parent.release()
+
+
+def _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary):
+    """Fork ``parent`` keeping ``kept``, answer the questions ``questions`` (indices) from the child, append rows."""
+    child = parent.fork(kept)
+    try:
+        for qi in questions:
+            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s)
+            store.append(row)
+            summary.rows_written += 1
+    finally:
+        child.release()
+
+
+def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary, progress, bar):
+    """The per-question path of a query-aware method: for each question with pending rows, score once (it sees
+    the question's token ids and answer budget, never its references), then per (allocation, p) fork a child
+    and answer that question alone. ``score_s`` of a row is that question's scoring time."""
+    for qi, q in enumerate(ctx.questions):
+        todo = [(a, p) for a in allocs for p in ps if qi in pending[(method.name, a, p)]]
+        if not todo:
+            continue
+        progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
+        start = time.perf_counter()
+        scores = method.score_question(parent, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
+        score_s = time.perf_counter() - start
+        _check_scores(method, scores, parent)
+        for alloc, p in todo:
+            progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}")
+            kept = method.select(parent, scores, p, alloc)
+            _fork_and_answer(ctx, [qi], kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary)
 
 
 def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent) -> None:
@@ -366,6 +445,7 @@ def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, 
         "scorer": q.scorers[0],
         "scores": scores,
         "real_fork": True,
+        "query_aware": method.query_aware,
         "kept_entries": stats.kept_entries,
         "full_entries": stats.full_entries,
         "stored_bytes": stats.stored_bytes,

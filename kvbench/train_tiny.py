@@ -154,21 +154,35 @@ def train_tokenizer(texts: list[str] | None = None, vocab_size: int = 2048):
 # Model
 
 
-def tiny_trained_config(vocab_size: int, **over):
-    """Qwen3-Next, 12 layers (3 GDN : 1 gated attention -> 3 attention layers), hidden 128, MoE MLP
-    (4 experts, top-2, plus a shared expert), linear key/value head dims 64, untied, partial RoPE 0.25,
-    8,192 positions. About 3M parameters at vocab 2,048."""
-    from kvbench.models import tiny_qwen3_next_config
+#: ``--arch`` -> the model name written into a trained model's ``kvbench_builtin.json``
+ARCHS = {"qwen3_next": MODEL_NAME, "qwen3_5": "tiny-trained-dense"}
+#: dense MLP width of the ``qwen3_5`` twin: the MoE's 4 experts x 128 + the shared expert's 128, so both
+#: architectures hold about the same parameters (4.58M against 4.59M at the shipped 1,873-token vocabulary)
+DENSE_INTERMEDIATE = 4 * 128 + 128
 
+
+def tiny_trained_config(vocab_size: int, arch: str = "qwen3_next", **over):
+    """``qwen3_next`` (the shipped ``tiny-trained``): Qwen3-Next, 12 layers (3 GDN : 1 gated attention -> 3
+    attention layers), hidden 128, MoE MLP (4 experts, top-2, plus a shared expert), linear key/value head dims
+    64, untied, partial RoPE 0.25, 8,192 positions. About 3M parameters at vocab 2,048. ``qwen3_5``: its dense
+    twin, a ``qwen3_5_text`` model with the same layer pattern, attention, GDN and RoPE and a dense MLP of
+    :data:`DENSE_INTERMEDIATE` (about the same parameter count)."""
+    from kvbench.models import tiny_qwen3_5_config, tiny_qwen3_next_config
+
+    if arch not in ARCHS:
+        raise KvbenchError(f"--arch {arch!r}: valid architectures are {', '.join(ARCHS)}")
     kw = dict(
         linear_key_head_dim=64,
         linear_value_head_dim=64,
         linear_num_value_heads=2,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
         max_position_embeddings=8192,
         initializer_range=0.02,
     )
+    if arch == "qwen3_5":
+        kw.update(intermediate_size=DENSE_INTERMEDIATE)
+        kw.update(over)
+        return tiny_qwen3_5_config(vocab_size, **kw)
+    kw.update(moe_intermediate_size=128, shared_expert_intermediate_size=128)
     kw.update(over)
     return tiny_qwen3_next_config(vocab_size, moe=True, **kw)
 
@@ -529,6 +543,7 @@ class TrainArgs:
     model_over: dict = field(default_factory=dict)
     mix: list = field(default_factory=lambda: [list(m) for m in TASK_MIX])
     init: str | None = None  # a trained model directory the weights start from (a later training stage)
+    arch: str = "qwen3_next"  # tiny_trained_config's architecture (ARCHS)
 
 
 def lr_at(step: int, args: TrainArgs) -> float:
@@ -618,6 +633,7 @@ def train(
     mix=TASK_MIX,
     init=None,
     warmup: int = 0,
+    arch: str = "qwen3_next",
 ) -> Path:
     """Train the tiny hybrid into ``out_dir`` and return ``out_dir/final`` (or the last checkpoint when
     ``stop_after`` ends the run early, which is how tests simulate an interruption).
@@ -635,13 +651,17 @@ def train(
     ``mix``: the task mix (default :data:`TASK_MIX`). ``init``: a trained model directory (a ``final/`` of an
     earlier run) whose weights and tokenizer this run starts from, with a fresh optimizer: a later training
     stage. Its ``training_args.json`` and ``training_log.json`` are carried into this run's ``final/`` so the
-    model card describes every stage. ``warmup``: linear warm-up steps (0: ``max(1, steps // 20)``)."""
+    model card describes every stage. ``warmup``: linear warm-up steps (0: ``max(1, steps // 20)``).
+    ``arch``: ``qwen3_next`` (MoE, the shipped ``tiny-trained``) or ``qwen3_5`` (its dense ``qwen3_5_text``
+    twin, ``tiny-trained-dense``); with ``init`` it must be the init model's architecture."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if threads:
         torch.set_num_threads(threads)
     if not 0 <= warmup < steps:
         raise KvbenchError(f"--warmup {warmup}: must be at least 0 and below --steps ({steps}); 0 means steps // 20")
+    if arch not in ARCHS:
+        raise KvbenchError(f"--arch {arch!r}: valid architectures are {', '.join(ARCHS)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     args = TrainArgs(
@@ -658,6 +678,7 @@ def train(
         mix=[list(m) for m in mix],
         init=str(init) if init is not None else None,
         warmup=warmup,
+        arch=arch,
     )
     ckpt = latest_checkpoint(out_dir) if resume else None
     torch.manual_seed(seed)
@@ -668,7 +689,7 @@ def train(
         tokenizer = AutoTokenizer.from_pretrained(ckpt)
         model = _load_model(ckpt)
         state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        saved = {k: v for k, v in state["args"].items() if k not in ("save_every",)}
+        saved = {"arch": "qwen3_next", **{k: v for k, v in state["args"].items() if k not in ("save_every",)}}
         now = {k: v for k, v in asdict(args).items() if k not in ("save_every",)}
         if saved != now:
             raise KvbenchError(f"{ckpt} was written with different training arguments: {saved} != {now}")
@@ -684,11 +705,16 @@ def train(
             raise KvbenchError(f"--init {init}: no trained model there (expected config.json; a run's final/ dir)")
         tokenizer = AutoTokenizer.from_pretrained(init)
         model = _load_model(init)
+        if _arch_of(model.config) != arch:
+            raise KvbenchError(
+                f"--init {init} is a {model.config.model_type} model; give --arch {_arch_of(model.config)} "
+                "(a later stage keeps its architecture)"
+            )
         optimizer = _optimizer(model, args)
         start = 0
     else:
         tokenizer = tokenizer or train_tokenizer(vocab_size=vocab_size)
-        config = tiny_trained_config(len(tokenizer), **args.model_over)
+        config = tiny_trained_config(len(tokenizer), arch, **args.model_over)
         _set_special_ids(config, tokenizer)
         model = _load_model(None, config)
         optimizer = _optimizer(model, args)
@@ -736,6 +762,11 @@ def train(
     return save_final(out_dir / "final", model, tokenizer, args, log)
 
 
+def _arch_of(config) -> str:
+    """The :data:`ARCHS` key of a model config (``qwen3_5_text`` -> ``qwen3_5``)."""
+    return "qwen3_5" if config.model_type.startswith("qwen3_5") else config.model_type
+
+
 def save_final(path: Path, model, tokenizer, args: TrainArgs, log: list) -> Path:
     """The trained model in float32: ``save_pretrained`` (safetensors), tokenizer, ``kvbench_builtin.json``,
     ``training_log.json`` (per step: loss, lr, row length, grad norm, tokens/s, supervised loss per task)
@@ -752,7 +783,7 @@ def save_final(path: Path, model, tokenizer, args: TrainArgs, log: list) -> Path
         stage = max(e["stage"] for e in earlier) + 1 if earlier else 1
         full_log = earlier + [dict(e, stage=stage) for e in log]
     lengths = [e["len"] for e in full_log]
-    marker = {"name": MODEL_NAME, "random_weights": False, "context_length": max(lengths) if lengths else None}
+    marker = {"name": ARCHS[args.arch], "random_weights": False, "context_length": max(lengths) if lengths else None}
     (path / "kvbench_builtin.json").write_text(json.dumps(marker))
     (path / "training_log.json").write_text(json.dumps(full_log))
     (path / "training_args.json").write_text(json.dumps(saved_args, indent=1))
@@ -830,10 +861,15 @@ def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[s
     stage_text = "\n".join(f"- {describe(i, st)}" for i, st in enumerate(stages))
     evals = "\n".join(f"| {t} | {v:.1f} |" for t, v in evaluation.items()) or "| (not measured) | |"
     ctx_len = max(lengths) if lengths else 0
-    return f"""# {MODEL_NAME}: a tiny trained hybrid for kvbench
+    arch = _arch_of(model.config)
+    family, mlp = {
+        "qwen3_next": ("Qwen3-Next (`qwen3_next`)", "MoE MLP (4 experts, top-2, shared expert)"),
+        "qwen3_5": ("Qwen3.5 (`qwen3_5_text`)", f"dense MLP ({model.config.intermediate_size} wide)"),
+    }[arch]
+    return f"""# {ARCHS[arch]}: a tiny trained hybrid for kvbench
 
-**What it is.** A {n_params / 1e6:.2f}M-parameter Qwen3-Next (`qwen3_next`) causal LM: 12 layers, 3 Gated
-DeltaNet : 1 gated attention (3 attention layers), MoE MLP (4 experts, top-2, shared expert), linear head
+**What it is.** A {n_params / 1e6:.2f}M-parameter {family} causal LM: 12 layers, 3 Gated
+DeltaNet : 1 gated attention (3 attention layers), {mlp}, linear head
 dims 64, untied embeddings, partial RoPE 0.25; a byte-level BPE tokenizer with {len(tokenizer)} tokens (every
 digit its own token) and a ChatML template. Shipped in bfloat16 (kvbench loads it as float32 on CPU).
 Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`kvbench/train_tiny.py`).

@@ -19,12 +19,17 @@ budget. Override :meth:`EvictionMethod.select` to choose entries some other way.
 
 Third-party packages register methods through the ``kvbench.methods`` entry-point group, each entry
 pointing at an :class:`EvictionMethod` subclass (``mymethod = mypkg.module:MyMethod``).
+
+A *query-aware* method (a ceiling, not a query-agnostic competitor) subclasses :class:`QueryAwareMethod` and
+implements :meth:`EvictionMethod.score_question`: the runner then scores and forks once per (question, p),
+still from the one parent prefill, and its rows carry ``"query_aware": true``.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import ClassVar, Sequence
 
@@ -34,7 +39,25 @@ from kvbench import budgets
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 
-__all__ = ["EvictionMethod", "register_method", "get_method", "list_methods", "method_class"]
+__all__ = [
+    "EvictionMethod",
+    "QueryAwareMethod",
+    "QuestionInput",
+    "register_method",
+    "get_method",
+    "list_methods",
+    "method_class",
+]
+
+
+@dataclass(frozen=True)
+class QuestionInput:
+    """What a query-aware method sees of one question: ``token_ids``, exactly the tokens a child is fed after
+    the context (the question inside the user turn, the end of the turn, the assistant header and the answer
+    prefix), and ``max_new_tokens``, the question's answer budget in tokens. Never the references."""
+
+    token_ids: tuple[int, ...]
+    max_new_tokens: int
 
 
 class EvictionMethod(ABC):
@@ -48,6 +71,8 @@ class EvictionMethod(ABC):
       extra_passes: True if scoring runs extra model passes (its cost is then part of the report).
       query_window: trailing context positions whose queries the method reads (``parent.queries``).
       fingerprint: the model fingerprint an offline artifact must match; None: the parent's.
+      query_aware: True if the method sees each question (:class:`QueryAwareMethod`); the runner then calls
+        :meth:`score_question` per question instead of :meth:`score` once per context.
     """
 
     name: ClassVar[str] = ""
@@ -57,6 +82,7 @@ class EvictionMethod(ABC):
     extra_passes: ClassVar[bool] = False
     query_window: ClassVar[int] = 0
     fingerprint: str | None = None
+    query_aware: ClassVar[bool] = False
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
@@ -69,6 +95,10 @@ class EvictionMethod(ABC):
     @abstractmethod
     def score(self, parent: ParentSession) -> list[torch.Tensor]:
         """Per attention layer ordinal ``f``, a ``[H_kv, n]`` tensor of scores (higher = keep)."""
+
+    def score_question(self, parent: ParentSession, question: QuestionInput) -> list[torch.Tensor]:
+        """Query-aware methods only: the scores of :meth:`score` for one question of the parent's context."""
+        raise KvbenchError(f"method {self.name} is query-agnostic: it scores once per context with score()")
 
     def gate_means(self, parent: ParentSession) -> list[float]:
         """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
@@ -87,6 +117,20 @@ class EvictionMethod(ABC):
         return budgets.select_per_head(scores, counts, prot)
 
 
+class QueryAwareMethod(EvictionMethod):
+    """Base class of the methods that see the question (ceilings such as ``oracle``): implement
+    :meth:`score_question`; the runner scores, selects and forks per (question, allocation, p)."""
+
+    query_aware: ClassVar[bool] = True
+
+    def score(self, parent: ParentSession) -> list[torch.Tensor]:
+        raise KvbenchError(f"method {self.name} is query-aware: it scores per question with score_question()")
+
+    @abstractmethod
+    def score_question(self, parent: ParentSession, question: QuestionInput) -> list[torch.Tensor]:
+        """Per attention layer ordinal ``f``, a ``[H_kv, n]`` tensor of scores (higher = keep) for ``question``."""
+
+
 _METHODS: dict[str, type[EvictionMethod]] = {}
 _BUILTIN_MODULES = (
     "kvbench.methods.full",
@@ -96,6 +140,7 @@ _BUILTIN_MODULES = (
     "kvbench.methods.triattention",
     "kvbench.methods.kvzip",
     "kvbench.methods.gatesight",
+    "kvbench.methods.oracle",
 )
 _loaded = False
 
@@ -108,6 +153,8 @@ def register_method(cls: type[EvictionMethod]) -> type[EvictionMethod]:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name in _METHODS and _METHODS[cls.name] is not cls:
         raise ValueError(f"method {cls.name!r} is already registered by {_METHODS[cls.name].__qualname__}")
+    if cls.query_aware != issubclass(cls, QueryAwareMethod):
+        raise ValueError(f"{cls.__name__}: a query-aware method subclasses QueryAwareMethod (query_aware = True)")
     unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
     if unknown or cls.default_allocation not in cls.allocations:
         raise ValueError(

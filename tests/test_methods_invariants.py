@@ -13,7 +13,7 @@ import torch
 
 from kvbench import budgets
 from kvbench.engines.torch_engine import TorchEngine
-from kvbench.methods import get_method, list_methods
+from kvbench.methods import QuestionInput, get_method, list_methods
 from kvbench.models import byte_tokenizer
 from tests.conftest import tiny_model
 
@@ -42,6 +42,13 @@ def _prepare(name: str, family: str, model, tok):
     return method
 
 
+def _score(method, parent):
+    """``score``, or for a query-aware method ``score_question`` of one fixed question."""
+    if method.query_aware:
+        return method.score_question(parent, QuestionInput((11, 12, 13, 14), 6))
+    return method.score(parent)
+
+
 def _fresh(name, family, model, tok):
     """A new instance with the prepared artifact (for the determinism check)."""
     prepared = _prepare(name, family, model, tok)
@@ -64,10 +71,10 @@ def setup(request):
 def test_method_invariants(setup, name):
     family, model, tok, parent = setup
     method = _prepare(name, family, model, tok)
-    scores = method.score(parent)
+    scores = _score(method, parent)
     assert len(scores) == parent.n_attn_layers
     assert all(s.shape == (parent.n_kv_heads, N) and torch.isfinite(s[:, PROT:]).all() for s in scores)
-    again = _fresh(name, family, model, tok).score(parent)
+    again = _score(_fresh(name, family, model, tok), parent)
     assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(scores, again, strict=True)), "not deterministic"
 
     L, H = parent.n_attn_layers, parent.n_kv_heads
