@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 
@@ -91,11 +92,10 @@ def _slug(key: tuple) -> str:
 def _wide(long: pd.DataFrame, index: list[str], cell) -> pd.DataFrame:
     """Pivot ``long`` to one row per ``index`` tuple and one column per p (descending); cells ``cell(row)``."""
     ps = sorted(long.p.unique(), reverse=True)
-    rows = []
-    for key, g in long.groupby(index, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        by_p = {p: r for p, r in zip(g.p, g.itertuples(index=False), strict=True)}
-        rows.append([*key, *(cell(by_p[p]) if p in by_p else "" for p in ps)])
+    grid: dict[tuple, dict[float, SimpleNamespace]] = {}
+    for rec in long.to_dict("records"):  # one pass over plain Python records (fast on Arrow-backed strings)
+        grid.setdefault(tuple(rec[c] for c in index), {})[rec["p"]] = SimpleNamespace(**rec)
+    rows = [[*key, *(cell(by_p[p]) if p in by_p else "" for p in ps)] for key, by_p in sorted(grid.items())]
     return pd.DataFrame(rows, columns=[*index, *(f"p={p}" for p in ps)])
 
 

@@ -14,6 +14,7 @@ Every function takes usable rows (``data.usable``: real compacted forks) and ret
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Sequence
@@ -128,15 +129,21 @@ def ceiling_gap(avg: pd.DataFrame) -> pd.DataFrame:
     return m.rename(columns={"label_ceiling": "ceiling"})[[*SETTING, "ceiling", "label", "p", "gap"]]
 
 
-def default_allocation(method: str, allocations: Sequence[str]) -> str:
-    """The method's own default allocation (its class attribute) when it is among ``allocations``, else the
-    first of them in sorted order (a method the report cannot import)."""
+@functools.lru_cache(maxsize=None)
+def _declared_default(method: str) -> str | None:
+    """The ``default_allocation`` the method's class declares; None for a method not installed here."""
     try:
         from kvbench.methods import method_class
 
-        default = method_class(method).default_allocation
+        return method_class(method).default_allocation
     except Exception:  # a third-party method not installed where the report runs
-        default = None
+        return None
+
+
+def default_allocation(method: str, allocations: Sequence[str]) -> str:
+    """The method's own default allocation (its class attribute) when it is among ``allocations``, else the
+    first of them in sorted order (a method the report cannot import)."""
+    default = _declared_default(method)
     return default if default in allocations else sorted(allocations)[0]
 
 
@@ -152,9 +159,11 @@ def _reference_label(df: pd.DataFrame, reference: str) -> str | None:
 
 def resample_weights(n_contexts: int, n_resamples: int, seed: Sequence[int]) -> np.ndarray:
     """``[n_resamples, n_contexts]`` counts: how often each context is drawn in each bootstrap resample
-    (each row a multinomial draw of ``n_contexts`` contexts with replacement), from ``default_rng(seed)``."""
+    (each row: ``n_contexts`` contexts drawn uniformly with replacement), from ``default_rng(seed)``."""
     rng = np.random.default_rng(list(seed))
-    return rng.multinomial(n_contexts, np.full(n_contexts, 1.0 / n_contexts), size=n_resamples).astype(np.float64)
+    draws = rng.integers(0, n_contexts, size=(n_resamples, n_contexts))
+    flat = (np.arange(n_resamples)[:, None] * n_contexts + draws).ravel()
+    return np.bincount(flat, minlength=n_resamples * n_contexts).reshape(n_resamples, n_contexts).astype(np.float64)
 
 
 def paired_bootstrap(
@@ -197,17 +206,17 @@ def paired_bootstrap(
 def _bootstrap_task(t: pd.DataFrame, key: tuple, ref: str, n_resamples: int, seed: int, level: float) -> pd.DataFrame:
     """The vectorised bootstrap of one (setting, task): per-context sums and counts of the paired differences
     of each (label, p, sub) column, reweighted by the resample counts in one matrix product."""
-    ctx = pd.Categorical(t["item"].astype(str))
-    col = pd.Categorical(list(zip(t.label.astype(str), t.p, t["sub"].astype(str), strict=True)))
-    n_ctx, n_col = len(ctx.categories), len(col.categories)
-    flat = ctx.codes.astype(np.int64) * n_col + col.codes
+    ctx_codes, ctx_names = pd.factorize(t["item"], sort=True)
+    col_codes, cols = pd.MultiIndex.from_arrays([t.label, t.p, t["sub"]]).factorize(sort=True)
+    n_ctx, n_col = len(ctx_names), len(cols)
+    flat = ctx_codes.astype(np.int64) * n_col + col_codes
     sums = np.bincount(flat, weights=t["diff"].to_numpy(float), minlength=n_ctx * n_col).reshape(n_ctx, n_col)
     counts = np.bincount(flat, minlength=n_ctx * n_col).reshape(n_ctx, n_col).astype(np.float64)
     # column (label, p, sub) -> cell (label, p); a cell averages its sub-task columns
-    cells = pd.Categorical([c[:2] for c in col.categories])
-    avg = np.zeros((n_col, len(cells.categories)))
-    n_sub = np.bincount(cells.codes)
-    avg[np.arange(n_col), cells.codes] = 1.0 / n_sub[cells.codes]
+    cell_codes, cell_index = pd.MultiIndex.from_arrays([cols.get_level_values(0), cols.get_level_values(1)]).factorize()
+    avg = np.zeros((n_col, len(cell_index)))
+    n_sub = np.bincount(cell_codes)
+    avg[np.arange(n_col), cell_codes] = 1.0 / n_sub[cell_codes]
     crc = zlib.crc32("\x1f".join(map(str, key)).encode())
     w = resample_weights(n_ctx, n_resamples, (seed, crc))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -215,10 +224,10 @@ def _bootstrap_task(t: pd.DataFrame, key: tuple, ref: str, n_resamples: int, see
         point = (sums.sum(0) / counts.sum(0)) @ avg
     alpha = (1 - level) / 2 * 100
     lo, hi = np.nanpercentile(boot, [alpha, 100 - alpha], axis=0)
-    pairs = np.bincount(cells.codes, weights=counts.sum(0))
-    ctx_n = np.array([(counts[:, cells.codes == j].sum(1) > 0).sum() for j in range(len(cells.categories))])
+    pairs = np.bincount(cell_codes, weights=counts.sum(0))
+    ctx_n = ((counts @ (avg > 0)) > 0).sum(0)
     res = pd.DataFrame(
-        {"label": [c[0] for c in cells.categories], "p": [c[1] for c in cells.categories], "diff": point,
+        {"label": [c[0] for c in cell_index], "p": [c[1] for c in cell_index], "diff": point,
          "lo": lo, "hi": hi, "n_pairs": pairs.astype(int), "n_contexts": ctx_n}
     )  # fmt: skip
     res["significant"] = (res.lo > 0) | (res.hi < 0)
