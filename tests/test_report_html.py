@@ -56,13 +56,14 @@ def test_report_directory_contents(report_dir):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (`apt-get install -y chromium`; .ci/run does)")
-def test_page_in_headless_chromium(report_dir, tmp_path):
+def test_page_in_headless_chromium(report_dir):
     from playwright.sync_api import sync_playwright
 
     _, out = report_dir
     errors, requests = [], []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[*FLAGS, f"--user-data-dir={tmp_path}"])
+        # Playwright gives the browser a fresh temporary profile itself (it refuses --user-data-dir here)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             page = browser.new_page()
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
