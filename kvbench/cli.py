@@ -160,32 +160,69 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
 
 @app.command()
 def report(
-    results: Path = typer.Option(Path("results/default"), "--results", "-r", help="Results directory of a run."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Markdown file (default: <results>/report.md)."),
+    results: str = typer.Option(
+        "results/default", "--results", "-r", help="Results directory of a run; several comma separated merge."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Report dir (index.html, report.md, tables/, figures/); default: 1st --results."
+    ),
+    reference: str = typer.Option("gatesight", "--reference", help="Method the confidence intervals compare to."),
+    cost_file: Optional[Path] = typer.Option(
+        None, "--cost", help="`kvbench cost` output (default: cost.json in a results directory, when there)."
+    ),
+    gpu_memory: str = typer.Option("141GB", "--gpu-memory", help="Accelerator memory for the serving view."),
+    serve_length: int = typer.Option(131072, "--serve-length", help="Context length (tokens) of the serving view."),
+    resamples: int = typer.Option(10000, "--bootstrap", help="Bootstrap resamples of the confidence intervals."),
+    seed: int = typer.Option(0, "--bootstrap-seed", help="Seed of the bootstrap resamples."),
 ) -> None:
-    """Per-task table (method × p, mean primary score) printed and written as markdown. Reads every
-    results file of the directory and never writes there (except the report itself)."""
-    from kvbench.report import missing_lines, render_rich, write_report
-    from kvbench.results import read_results
+    """Figures and tables of a run: printed compact tables, and a report directory (index.html, report.md, CSV,
+    LaTeX, PNG, PDF) with curves, main table, paired bootstrap CIs, scorer sensitivity, KVzip, allocations, cost,
+    memory."""
+    import json
 
-    read = read_results(results)
-    for note in read.notes:
+    from kvbench.report import missing_lines, render_rich
+    from kvbench.report.data import load, load_manifests
+    from kvbench.report.render import Options, build, write
+    from kvbench.report.tables import parse_bytes
+
+    dirs = [Path(d) for d in _split(results) or []]
+    if not dirs:
+        raise KvbenchError("--results needs a results directory, e.g. --results results/default")
+    out = out or dirs[0]
+    if out.suffix == ".md":
+        raise KvbenchError(f"--out {out}: give a report directory (report.md, index.html, … are written into it)")
+    try:
+        gpu_bytes = parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise KvbenchError(f"--gpu-memory {exc}") from None
+    if serve_length < 1 or resamples < 100:
+        raise KvbenchError("--serve-length needs >= 1 token and --bootstrap >= 100 resamples")
+    cost_path = cost_file or next((d / "cost.json" for d in dirs if (d / "cost.json").exists()), None)
+    cost_data = None
+    if cost_path is not None:
+        try:
+            cost_data = json.loads(Path(cost_path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise KvbenchError(f"--cost {cost_path}: not a `kvbench cost` JSON file ({exc})") from None
+    df, missing, notes = load(dirs)
+    for note in notes:
         err_console.print(f"[yellow]note: {note}[/yellow]", soft_wrap=True)
-    rows, missing = read.rows, read.missing
-    tables = render_rich(rows)
+    tables = render_rich(df)
     # never squeeze a table into a narrow (or non-terminal, 80-column) console: labels would be cut
     need = max((sum(max(len(c.header), 8) + 3 for c in t.columns) + 20 for t in tables), default=0)
     wide = Console(width=max(console.width, need)) if need > console.width else console
     for table in tables:
         wide.print(table)
-    for line in missing_lines(rows, missing):
-        console.print(line.replace("**", ""), style="yellow")
-    target = out or results / "report.md"
+    options = Options(reference=reference, n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
+                      gpu_label=gpu_memory, serve_length=serve_length, cost=cost_data)  # fmt: skip
     try:
-        path = write_report(rows, target, missing)
+        index = write(build(df, missing, notes, load_manifests(dirs), options), out)
     except OSError as exc:
-        raise KvbenchError(f"cannot write the report {target} ({exc.strerror or exc}); choose another --out") from None
-    err_console.print(f"report written to {path}", soft_wrap=True)
+        reason = exc.strerror or exc
+        raise KvbenchError(f"cannot write the report into {out} ({reason}); choose another --out") from None
+    for line in missing_lines(df, missing):
+        console.print(line.replace("**", ""), style="yellow")
+    err_console.print(f"report written to {out / 'report.md'}; open {index}", soft_wrap=True)
 
 
 @app.command()

@@ -28,7 +28,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,7 @@ __all__ = [
     "ResultsError",
     "ResultsRead",
     "ResultsStore",
+    "iter_results",
     "read_results",
     "results_name",
     "row_key",
@@ -455,8 +456,15 @@ class ResultsRead:
 def read_results(dirs: Path | str | Sequence[Path | str]) -> ResultsRead:
     """Merge every ``results*.jsonl`` and ``missing.json`` of ``dirs``, read-only (nothing is ever written,
     moved or truncated, so it works on a read-only directory and beside a running writer)."""
-    dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
     out = ResultsRead()
+    out.rows.extend(iter_results(dirs, out))
+    return out
+
+
+def iter_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[dict]:
+    """The rows :func:`read_results` returns, one at a time (a paper-sized sweep is never held as dicts);
+    ``out.missing`` and ``out.notes`` are filled as the files are read, ``out.rows`` is left alone."""
+    dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
     seen: set[tuple] = set()
     duplicates = 0
     for d in dirs:
@@ -468,25 +476,51 @@ def read_results(dirs: Path | str | Sequence[Path | str]) -> ResultsRead:
             raise ResultsError(f"no results in {d}: run `kvbench run --out {d}` first")
         out.missing.update(missing)
         for path in files:
-            scan = _scan(_read_bytes(path), path)
-            rows = scan.rows + ([scan.tail_row] if scan.tail_row is not None else [])
-            if scan.tail and scan.tail_row is None:
-                out.notes.append(
-                    f"skipped an incomplete last line in {path} ({len(scan.tail)} bytes: a run is writing it "
-                    "or was interrupted; rerunning it redoes that row)"
-                )
-            if scan.legacy:
-                out.notes.append(
-                    f"left out {scan.legacy} rows of {path} written by an older kvbench: their identity lacks "
-                    f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
-                )
-            for row in rows:
-                key = row_key(row)
+            for row in _iter_file(path, out.notes):
+                key = tuple(map(sys.intern, map(str, row_key(row))))  # key fields repeat: stored once
                 if key in seen:
                     duplicates += 1
                     continue
                 seen.add(key)
-                out.rows.append(row)
+                yield row
     if duplicates:
         out.notes.append(f"{duplicates} rows stored more than once (overlapping shards?) were counted once")
-    return out
+
+
+def _iter_file(path: Path, notes: list[str]) -> Iterator[dict]:
+    """The rows of one results file, line by line, by the rules of :func:`_scan` (a bad line that is not the
+    last is corruption; an incomplete last line is skipped and noted), without changing the file."""
+    if path.is_dir():
+        raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
+    legacy = 0
+    try:
+        with open(path, "rb") as fh:
+            number, bad = 0, None  # ``bad``: the last bad line seen, corruption unless it turns out last
+            for line in fh:
+                number += 1
+                if bad is not None:
+                    raise ResultsError(
+                        f"{path}: line {number - 1} is not a valid result row; fix or delete that line by hand "
+                        "(reading changes nothing)"
+                    )
+                row = _parse(line.rstrip(b"\n")) if line.strip() else None
+                if row is None:
+                    bad = line
+                    continue
+                if _is_legacy(row):
+                    legacy += 1
+                    continue
+                yield row
+    except OSError as e:
+        fix = "fix its permissions or use another --out"
+        raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+    if bad is not None:
+        notes.append(
+            f"skipped an incomplete last line in {path} ({len(bad)} bytes: a run is writing it "
+            "or was interrupted; rerunning it redoes that row)"
+        )
+    if legacy:
+        notes.append(
+            f"left out {legacy} rows of {path} written by an older kvbench: their identity lacks "
+            f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
+        )

@@ -202,6 +202,20 @@ def _key(
     }
 
 
+def model_shape(model: torch.nn.Module) -> dict:
+    """What the report's memory view needs: attention-layer count, KV heads, head dim, bytes per K/V element
+    (the loaded dtype) and the weights' bytes."""
+    text = model.config.get_text_config()
+    params = list(model.parameters())
+    return {
+        "n_attn_layers": sum(1 for t in text.layer_types if t == "full_attention"),
+        "n_kv_heads": int(text.num_key_value_heads),
+        "head_dim": int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
+        "dtype_bytes": params[0].element_size(),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in params),
+    }
+
+
 def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
     import transformers
 
@@ -213,6 +227,7 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
         "model_source": lm.source,
         "model_fingerprint": lm.fingerprint,
         "random_weights": lm.random_weights,
+        "model_shape": model_shape(lm.model),
         "engine": config.engine,
         "seed": config.seed,
         "config": cfg,

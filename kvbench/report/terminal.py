@@ -1,12 +1,15 @@
-"""Per-task score tables from result rows, as markdown (``write_report``) or rich tables (the CLI).
+"""The compact per-task score tables: markdown (``render_markdown``, the top of ``report.md``) and rich
+tables (what ``kvbench report`` prints).
 
 Only rows of real, physically compacted forks (``real_fork`` true or absent) enter the tables; the
-others are counted in the header. One table per (model, engine, bench, task): a line per
-``method [allocation]``, a column per kept fraction ``p`` (descending), cells the mean score.
+others are counted in the header. One table per (setting, task): a line per ``method [allocation]``, a column
+per kept fraction ``p`` (descending), cells the task score (``tables.task_scores``: the mean, a mixed SCBench
+task the mean of its sub-tasks). Every function takes row dicts or the DataFrame of ``data.frame``/``data.load``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,23 +17,26 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["render_markdown", "render_rich", "summarize", "write_report"]
+from kvbench.report.data import SETTING, frame, setting_title, usable
+from kvbench.report.tables import task_scores
 
-GROUP = ["model", "engine", "bench", "task", "method", "allocation", "p"]
+__all__ = ["RANDOM_WARNING", "as_frame", "missing_lines", "render_markdown", "render_rich", "summarize", "write_report"]
+
 RANDOM_WARNING = "**Model weights are random: these numbers say nothing about the methods.**"
+Rows = pd.DataFrame | Iterable[dict]
 
 
-def summarize(rows: list[dict]) -> pd.DataFrame:
-    """Mean ``score`` and row count ``n`` per (model, engine, bench, task, method, allocation, p).
+def as_frame(rows: Rows) -> pd.DataFrame:
+    """The report DataFrame of ``rows`` (row dicts are converted with ``data.frame``)."""
+    return rows if isinstance(rows, pd.DataFrame) else frame(rows)
+
+
+def summarize(rows: Rows) -> pd.DataFrame:
+    """Task score ``score`` and row count ``n`` per (setting, task, label, p), with ``method`` and ``allocation``.
 
     Rows with ``real_fork`` false are excluded: only real compacted forks enter comparisons.
     """
-    df = pd.DataFrame([r for r in rows if r.get("real_fork", True)], columns=[*GROUP, "score"])
-    df[GROUP[:-1]] = df[GROUP[:-1]].astype(str)
-    df["p"] = df["p"].astype(float).round(4)
-    df["score"] = df["score"].astype(float)
-    out = df.groupby(GROUP, sort=True).score.agg(["mean", "count"]).reset_index()
-    return out.rename(columns={"mean": "score", "count": "n"})
+    return task_scores(usable(as_frame(rows)))
 
 
 @dataclass
@@ -44,17 +50,17 @@ class _Table:
     note: str = ""
 
 
-def _tables(rows: list[dict]) -> list[_Table]:
-    """The per-task tables and the mean-over-tasks table of every (model, engine, bench)."""
+def _tables(rows: Rows) -> list[_Table]:
+    """The per-task tables and the mean-over-tasks table of every setting."""
     df = summarize(rows)
-    df["label"] = df.method + " [" + df.allocation + "]"
     tables = []
-    for (model, engine, bench), g in df.groupby(["model", "engine", "bench"], sort=True):
+    for key, g in df.groupby(SETTING, sort=True):
+        bench = key[SETTING.index("bench")]
         ps = sorted(g.p.unique(), reverse=True)
         labels = sorted(g.label.unique())
         tasks = sorted(g.task.unique())
         columns = ["method [allocation]", *(f"p={float(p)}" for p in ps)]
-        section = f"{model} · {engine} · {bench}"
+        section = setting_title(key)
         for task, t in g.groupby("task", sort=True):
             score = t.set_index(["label", "p"]).score
             cells = [
@@ -77,32 +83,34 @@ def _mean_cell(mean: pd.DataFrame, label: str, p: float, n_tasks: int) -> str:
     return f"{m['mean']:.1f}" + ("*" if m["count"] < n_tasks else "")
 
 
-def _counts(rows: list[dict]) -> str:
+def counts_line(df: pd.DataFrame) -> str:
     """How many rows enter the tables and how many were excluded for not being real forks."""
-    used = sum(1 for r in rows if r.get("real_fork", True))
-    return f"{used} rows used ({len(rows) - used} excluded: not a real compacted fork)."
+    used = int(df.real_fork.sum())
+    return f"{used} rows used ({len(df) - used} excluded: not a real compacted fork)."
 
 
-def _is_random(rows: list[dict]) -> bool:
+def is_random(df: pd.DataFrame) -> bool:
     """Whether any row was produced with random model weights."""
-    return any(r.get("random_weights") for r in rows)
+    return bool(df.random_weights.any())
 
 
-def missing_lines(rows: list[dict], missing: dict[str, str] | None) -> list[str]:
+def missing_lines(rows: Rows, missing: dict[str, str] | None) -> list[str]:
     """One line per ``bench/task`` recorded as missing its data and without any row."""
-    have = {f"{r['bench']}/{r['task']}" for r in rows}
+    df = as_frame(rows)
+    have = set((df.bench.astype(str) + "/" + df.task.astype(str)).unique()) if len(df) else set()
     return [f"- **{name}** missing: {reason}" for name, reason in sorted((missing or {}).items()) if name not in have]
 
 
-def render_markdown(rows: list[dict], missing: dict[str, str] | None = None) -> str:
+def render_markdown(rows: Rows, missing: dict[str, str] | None = None) -> str:
     """The full report as markdown: header, missing tasks, one table per task, a mean-over-tasks table per
     bench. ``missing`` maps ``bench/task`` to the reason its data was unavailable."""
-    lost = missing_lines(rows, missing)
+    df = as_frame(rows)
+    lost = missing_lines(df, missing)
     lost = ["## Missing tasks", "", *lost, ""] if lost else []
-    if not rows:
+    if not len(df):
         return "\n".join(["# kvbench results", "", "No results yet.", "", *lost])
-    out = ["# kvbench results", "", _counts(rows), *([RANDOM_WARNING] if _is_random(rows) else []), "", *lost]
-    tables = _tables(rows)
+    out = ["# kvbench results", "", counts_line(df), *([RANDOM_WARNING] if is_random(df) else []), "", *lost]
+    tables = _tables(df)
     if not tables:
         out += ["No comparable results yet.", ""]
     for i, t in enumerate(tables):
@@ -115,16 +123,19 @@ def render_markdown(rows: list[dict], missing: dict[str, str] | None = None) -> 
     return "\n".join(out)
 
 
-def render_rich(rows: list[dict]) -> list[Table]:
+def render_rich(rows: Rows) -> list[Table]:
     """The same tables as ``render_markdown``, as rich Tables.
 
     Every caption repeats the random-weights warning when it applies; the last one also gives the row counts.
     """
-    tables = _tables(rows)
-    warning = RANDOM_WARNING.strip("*") if _is_random(rows) else ""
+    df = as_frame(rows)
+    if not len(df):
+        return []
+    tables = _tables(df)
+    warning = RANDOM_WARNING.strip("*") if is_random(df) else ""
     out = []
     for t in tables:
-        caption = [t.note, warning, _counts(rows) if t is tables[-1] else ""]
+        caption = [t.note, warning, counts_line(df) if t is tables[-1] else ""]
         table = Table(
             title=escape(f"{t.section} — {t.title}"), caption=escape("\n".join(filter(None, caption)))
         )
@@ -137,7 +148,7 @@ def render_rich(rows: list[dict]) -> list[Table]:
     return out
 
 
-def write_report(rows: list[dict], out_path: Path, missing: dict[str, str] | None = None) -> Path:
+def write_report(rows: Rows, out_path: Path, missing: dict[str, str] | None = None) -> Path:
     """Write the markdown report to ``out_path`` (parent directories created); return the path."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

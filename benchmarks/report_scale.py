@@ -1,0 +1,123 @@
+"""Scale benchmark: `kvbench report` end to end on a paper-sized synthetic sweep.
+
+2 models × (12 SCBench + 13 RULER tasks) × 100 items × 5 questions × 6 methods × 9 kept fractions, plus
+``full`` at p = 1.0, an oracle ceiling on SCBench and GateSight's flat / pyramid allocations on six tasks:
+about 1.4 M rows of the runner's shape (prediction, references, every scorer, bytes, seconds, meta), written
+as 4 shards. Then ``kvbench report`` runs in a child process (10,000 bootstrap resamples, figures, HTML) and
+this prints its wall seconds and peak resident memory against the budget (60 s, 4 GB); exit 1 past either.
+
+    .venv/bin/python benchmarks/report_scale.py [--dir /tmp/kvbench-scale] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SCBENCH = ["kv", "prefix_suffix", "vt", "repoqa", "qa_eng", "qa_chn", "choice_eng", "many_shot", "summary", "mf",
+           "repoqa_and_kv", "summary_with_needles"]  # fmt: skip
+MIXED = {"repoqa_and_kv": ("repoqa", "kv"), "summary_with_needles": ("summary", "passkey")}
+RULER = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+         "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"]  # fmt: skip
+METHODS = {"random": "flat", "snapkv": "flat", "keydiff": "flat", "triattention": "flat", "kvzip": "global",
+           "gatesight": "gate"}  # fmt: skip
+PS = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+ABLATION_TASKS = {"kv", "qa_eng", "many_shot", "niah_single_1", "niah_multikey_2", "vt"}
+SKILL = {"random": 0.2, "snapkv": 0.55, "keydiff": 0.6, "triattention": 0.65, "kvzip": 0.75, "gatesight": 0.8,
+         "oracle": 1.0, "full": 1.0}  # fmt: skip
+
+
+def _scorer(bench: str, task: str, q: int) -> str:
+    if bench == "ruler":
+        return "string_match_all" if task.startswith(("niah_multi", "vt", "cwe", "fwe")) else "string_match_part"
+    return f"scbench_{task}_{MIXED[task][q % 2]}" if task in MIXED else f"scbench_{task}"
+
+
+def generate(out: Path, seed: int = 0, shards: int = 4) -> int:
+    """Write the synthetic sweep under ``out`` (``results.shard-i-of-N.jsonl`` + manifest); return the row count."""
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [open(out / f"results.shard-{i}-of-{shards}.jsonl", "w", encoding="utf-8") for i in range(shards)]
+    n_rows = 0
+    runs = []
+    for model, fp in (("model-a", "a" * 64), ("model-b", "b" * 64)):
+        runs.append({"model": model, "model_fingerprint": fp, "model_shape": {"n_attn_layers": 16, "n_kv_heads": 4,
+                     "head_dim": 256, "dtype_bytes": 2, "weight_bytes": 54 * 10**9}})  # fmt: skip
+        for bench, tasks in (("scbench", SCBENCH), ("ruler", RULER)):
+            for t_i, task in enumerate(tasks):
+                difficulty = rng.uniform(0.1, 0.9, size=100)
+                plan = [("full", "flat", 1.0)] + [(m, a, p) for m, a in METHODS.items() for p in PS]
+                if bench == "scbench":
+                    plan += [("oracle", "flat", p) for p in PS]
+                if task in ABLATION_TASKS:
+                    plan += [("gatesight", a, p) for a in ("flat", "pyramid") for p in PS]
+                for item in range(100):
+                    sha = f"{t_i:04x}{item:060x}"
+                    shard = files[(t_i * 100 + item) % shards]
+                    lines = []
+                    for method, alloc, p in plan:
+                        keep = SKILL[method] + (1 - SKILL[method]) * p
+                        for q in range(5):
+                            scorer = _scorer(bench, task, q)
+                            s = 100.0 * float(rng.random() < keep * (1 - 0.5 * difficulty[item]))
+                            scores = {scorer: s}
+                            if bench == "scbench":
+                                scores[scorer + "_revised"] = s if task not in ("qa_chn", "choice_eng") else 100 - s
+                            lines.append(json.dumps({
+                                "model": model, "engine": "torch", "method": method, "allocation": alloc, "p": p,
+                                "bench": bench, "task": task, "item": str(item), "question": str(q),
+                                "prediction": "the answer is 12345 and some more generated words", "references":
+                                ["12345"], "score": s, "scorer": scorer, "scores": scores, "real_fork": True,
+                                "query_aware": method == "oracle", "kept_entries": int(64 * 4096 * p),
+                                "full_entries": 64 * 4096, "stored_bytes": int(4096 * 65536 * p),
+                                "full_bytes": 4096 * 65536, "padded": False, "n_context": 4096, "prot": 40,
+                                "truncated_from": None, "context_sha256": sha, "prefill_s": 1.5,
+                                "score_s": 3.0 if method == "kvzip" else 0.02, "fork_s": 0.001, "answer_s": 0.4,
+                                "new_tokens": 12, "stopped": True, "seed": 42, "length": 4096,
+                                "model_fingerprint": fp, "random_weights": False, "meta": {"id": item},
+                            }))  # fmt: skip
+                    shard.write("\n".join(lines) + "\n")
+                    n_rows += len(lines)
+    for f in files:
+        f.close()
+    (out / "manifest.json").write_text(json.dumps({"runs": runs}))
+    return n_rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/kvbench-report-scale"))
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic results and report")
+    args = ap.parse_args()
+    res, rep = args.dir / "results", args.dir / "report"
+    shutil.rmtree(args.dir, ignore_errors=True)
+    start = time.perf_counter()
+    n = generate(res)
+    size = sum(p.stat().st_size for p in res.glob("*.jsonl"))
+    print(f"generated {n:,} rows ({size / 1e6:,.0f} MB) in {time.perf_counter() - start:.1f} s")
+    kvbench = Path(sys.executable).with_name("kvbench")
+    start = time.perf_counter()
+    proc = subprocess.run([str(kvbench), "report", "--results", str(res), "--out", str(rep)], capture_output=True,
+                          text=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9
+    if proc.returncode:
+        print(proc.stderr[-3000:])
+        return proc.returncode
+    print(f"kvbench report: {wall:.1f} s wall (budget 60), peak RSS {rss_gb:.2f} GB (budget 4), "
+          f"{len(list((rep / 'tables').glob('*.csv')))} tables, {len(list((rep / 'figures').glob('*.png')))} figures")
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    return 0 if wall <= 60 and rss_gb <= 4 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

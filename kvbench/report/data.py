@@ -1,0 +1,160 @@
+"""Result rows -> one pandas DataFrame with the columns every report view uses.
+
+``load(dirs)`` reads every results file and ``missing.json`` of each directory through
+:func:`kvbench.results.iter_results` (read-only; its rules for cut lines, legacy rows and duplicates). Rows are
+parsed one by one into columns (the prediction, references and meta fields are not kept), so a paper-sized sweep
+(1.4 M rows) fits in a few hundred MB.
+
+``frame(rows)`` turns row dicts into the same DataFrame. Its columns:
+
+* identity: ``model, engine, bench, task, method, allocation, item, question`` (categorical str), ``p`` (float,
+  rounded to 4 decimals), ``model_fingerprint, context_sha256`` (str, ``""`` when not recorded), ``length`` and
+  ``seed`` (str, ``"n/a"`` when not recorded: older rows lack ``length``);
+* ``label``: ``"method [allocation]"``, plus `` {option=value,…}`` for rows run with non-default method options;
+* scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
+  scorer has no revision), ``sub`` (the sub-task of a mixed SCBench task, ``""`` elsewhere), ``scorer``;
+* flags: ``real_fork``, ``query_aware``, ``random_weights`` (bool);
+* measurements: ``stored_bytes, full_bytes, n_context`` (float), ``prefill_s, score_s`` (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvbench.results import ResultsRead, iter_results
+
+__all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]
+
+#: A comparable setting: rows of one (model, weights, engine, bench, prompt length, seed) are compared.
+SETTING = ["model", "model_fingerprint", "engine", "bench", "length", "seed"]
+_STR = ["model", "engine", "bench", "task", "method", "allocation", "item", "question", "model_fingerprint",
+        "context_sha256", "length", "seed", "label", "scorer", "sub"]  # fmt: skip
+_FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full_bytes", "n_context", "prefill_s",
+          "score_s"]  # fmt: skip
+_BOOL = ["real_fork", "query_aware", "random_weights"]
+COLUMNS = [*_STR, *_FLOAT, *_BOOL]
+REVISED = "_revised"
+
+
+class _Columns:
+    """Column buffers filled row by row; repeated strings are stored once (interned through a dict)."""
+
+    def __init__(self) -> None:
+        self.str = {c: [] for c in _STR}
+        self.float = {c: array("d") for c in _FLOAT}
+        self.bool = {c: bytearray() for c in _BOOL}
+        self._intern: dict[str, str] = {}
+
+    def _s(self, value: object, missing: str = "") -> str:
+        text = missing if value is None else str(value)
+        return self._intern.setdefault(text, text)
+
+    def add(self, row: dict) -> None:
+        """Append the report's fields of one result row."""
+        s, f, b = self.str, self.float, self.bool
+        for c in ("model", "engine", "bench", "task", "method", "allocation", "item", "question"):
+            s[c].append(self._s(row.get(c)))
+        for c in ("model_fingerprint", "context_sha256"):
+            s[c].append(self._s(row.get(c)))
+        s["length"].append(self._s(row.get("length"), "n/a"))
+        s["seed"].append(self._s(row.get("seed"), "n/a"))
+        options = row.get("method_options")
+        label = f"{row.get('method')} [{row.get('allocation')}]"
+        if options:
+            label += " {" + ",".join(f"{k}={v}" for k, v in sorted(dict(options).items())) + "}"
+        s["label"].append(self._s(label))
+        scorer = str(row.get("scorer") or "")
+        s["scorer"].append(self._s(scorer))
+        s["sub"].append(self._s(_sub_task(str(row.get("task")), scorer)))
+        score = _num(row.get("score"))
+        official, revised = _official_revised(score, scorer, row.get("scores") or {})
+        f["p"].append(round(_num(row.get("p")), 4))
+        f["score"].append(score)
+        f["score_official"].append(official)
+        f["score_revised"].append(revised)
+        for c in ("stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s"):
+            f[c].append(_num(row.get(c)))
+        b["real_fork"].append(bool(row.get("real_fork", True)))
+        b["query_aware"].append(bool(row.get("query_aware", False)))
+        b["random_weights"].append(bool(row.get("random_weights", False)))
+
+    def frame(self) -> pd.DataFrame:
+        data: dict[str, object] = {c: pd.Categorical(v) for c, v in self.str.items()}
+        data.update({c: np.frombuffer(v, dtype=np.float64) if len(v) else np.zeros(0) for c, v in self.float.items()})
+        data.update({c: np.frombuffer(bytes(v), dtype=np.uint8).astype(bool) for c, v in self.bool.items()})
+        return pd.DataFrame(data, columns=COLUMNS)
+
+
+def _num(value: object) -> float:
+    """A float, NaN for an absent or non-numeric value."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _sub_task(task: str, scorer: str) -> str:
+    """The sub-task a mixed SCBench task's scorer names (``scbench_repoqa_and_kv_kv`` -> ``kv``), else ``""``."""
+    name = scorer.removesuffix(REVISED)
+    prefix = f"scbench_{task}_"
+    return name[len(prefix) :] if name.startswith(prefix) else ""
+
+
+def _official_revised(score: float, scorer: str, scores: dict) -> tuple[float, float]:
+    """(official, revised) scores of a row: the two names ``X`` / ``X_revised`` of its ``scores``; the primary
+    score for both where no revision was recorded."""
+    if scorer.endswith(REVISED):
+        return _num(scores.get(scorer.removesuffix(REVISED), score)), score
+    return score, _num(scores.get(scorer + REVISED, score))
+
+
+def frame(rows: Iterable[dict]) -> pd.DataFrame:
+    """Row dicts -> the report DataFrame (columns in the module docstring); fields absent from a row get
+    their documented default."""
+    cols = _Columns()
+    for row in rows:
+        cols.add(row)
+    return cols.frame()
+
+
+def load(dirs: Path | Sequence[Path]) -> tuple[pd.DataFrame, dict[str, str], list[str]]:
+    """Every distinct row of ``dirs`` as the report DataFrame, the merged ``missing.json``
+    (``"bench/task" -> reason``) and notes on what was skipped: :func:`kvbench.results.iter_results`, read-only,
+    streamed into columns."""
+    read = ResultsRead()
+    cols = _Columns()
+    for row in iter_results(dirs, read):
+        cols.add(row)
+    return cols.frame(), read.missing, read.notes
+
+
+def load_manifests(dirs: Sequence[Path]) -> list[dict]:
+    """The run entries of every ``manifest.json`` of ``dirs`` (an unreadable manifest is skipped)."""
+    runs: list[dict] = []
+    for d in dirs:
+        path = Path(d) / "manifest.json"
+        try:
+            manifest = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        runs += [r for r in manifest.get("runs", []) if isinstance(r, dict)] if isinstance(manifest, dict) else []
+    return runs
+
+
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that enter comparisons: real compacted forks (``real_fork`` false rows are left out)."""
+    return df[df.real_fork]
+
+
+def setting_title(key: Sequence[str]) -> str:
+    """A section header for one SETTING tuple: ``model (fingerprint) · engine · bench · length L · seed S``."""
+    model, fingerprint, engine, bench, length, seed = key
+    weights = f" ({fingerprint[:12]})" if fingerprint else ""
+    return f"{model}{weights} · {engine} · {bench} · length {length} · seed {seed}"

@@ -1,0 +1,109 @@
+"""Figures (matplotlib, no display needed): accuracy vs kept fraction, per task and averaged over tasks.
+
+Each function takes the long frames of :mod:`kvbench.report.tables` for ONE setting and returns a
+``matplotlib.figure.Figure``; :func:`save` writes it as PNG and PDF. Lines: one per ranked ``method
+[allocation]``; the no-prune score (``full``) as a grey horizontal line; query-aware labels (the ceiling) dashed;
+a paired-bootstrap band per label where intervals are given.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # noqa: E402  (no display; must precede pyplot)
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from kvbench.report.tables import FULL, ranked_labels  # noqa: E402
+
+__all__ = ["averaged_curves", "colors", "per_task_curves", "save"]
+
+_PALETTE = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+
+
+def colors(labels: list[str]) -> dict[str, tuple]:
+    """A fixed colour per label (sorted order), the same in every figure of a report."""
+    return {lab: _PALETTE[i % len(_PALETTE)] for i, lab in enumerate(sorted(labels))}
+
+
+def _panel(ax, cells: pd.DataFrame, palette: dict, bands: pd.DataFrame | None) -> None:
+    """One axes: the curves of ``cells`` (one task, or averaged), the no-prune line, the ceiling, the bands."""
+    ranked = ranked_labels(cells)
+    for lab, g in cells.groupby("label", sort=True):
+        g = g.sort_values("p")
+        if g.method.iloc[0] == FULL:
+            for score in g.score:
+                ax.axhline(score, color="0.45", lw=1.2, label="no prune (full)")
+            continue
+        aware = lab not in ranked
+        ax.plot(g.p, g.score, ls="--" if aware else "-", marker="" if aware else "o", ms=3, lw=1.4,
+                color=palette.get(lab, "k"), label=f"{lab} (query-aware ceiling)" if aware else lab)  # fmt: skip
+        if bands is not None and not aware:
+            b = bands[bands.label == lab].merge(g[["p", "score"]], on="p").sort_values("p")
+            if len(b):
+                ax.fill_between(b.p, b.score + b.lo - b["diff"], b.score + b.hi - b["diff"], color=palette.get(lab),
+                                alpha=0.15, lw=0)  # fmt: skip
+    ax.set_xlim(0.05, 1.02)
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+
+
+def _legend(fig: Figure, axes) -> None:
+    handles, labels = {}, []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    if labels:
+        fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center", ncol=min(4, len(labels)),
+                   fontsize=8, frameon=False)  # fmt: skip
+
+
+def per_task_curves(cells: pd.DataFrame, title: str, palette: dict, bands: pd.DataFrame | None = None) -> Figure:
+    """Accuracy (%) vs kept fraction p, one panel per task of ``cells`` (``tables.task_scores`` of one setting);
+    ``bands``: ``tables.paired_bootstrap`` of that setting, drawn as each label's score shifted by its
+    interval's ends minus its difference (the band excludes the reference's point iff the interval excludes 0)."""
+    tasks = sorted(cells.task.unique())
+    ncol = min(5, max(1, len(tasks)))
+    nrow = math.ceil(len(tasks) / ncol)
+    fig = Figure(figsize=(3.0 * ncol, 2.5 * nrow + 1.0), layout="constrained")
+    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+    for ax, task in zip(axes, tasks, strict=False):
+        _panel(ax, cells[cells.task == task], palette, None if bands is None else bands[bands.task == task])
+        ax.set_title(task, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(tasks) :]:
+        ax.set_visible(False)
+    for ax in axes[::ncol]:
+        ax.set_ylabel("accuracy (%)", fontsize=8)
+    for ax in axes[(nrow - 1) * ncol :]:
+        ax.set_xlabel("kept fraction p", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    _legend(fig, axes)
+    return fig
+
+
+def averaged_curves(avg: pd.DataFrame, title: str, palette: dict) -> Figure:
+    """Mean accuracy over tasks vs kept fraction p for one setting (``tables.averaged``)."""
+    fig = Figure(figsize=(6.0, 4.4), layout="constrained")
+    ax = fig.subplots()
+    _panel(ax, avg, palette, None)
+    ax.set_xlabel("kept fraction p")
+    ax.set_ylabel("mean accuracy over tasks (%)")
+    ax.set_title(title, fontsize=9)
+    _legend(fig, [ax])
+    return fig
+
+
+def save(fig: Figure, stem: Path, dpi: int = 110) -> list[Path]:
+    """Write ``stem.png`` and ``stem.pdf``; return both paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    fig.savefig(paths[0], dpi=dpi)
+    fig.savefig(paths[1])
+    return paths

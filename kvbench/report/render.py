@@ -1,0 +1,348 @@
+"""Renderers: the views of :mod:`kvbench.report.tables` and :mod:`kvbench.report.figures` as one report
+directory: ``index.html`` (self-contained: figures embedded as PNG data URIs, no script, no network),
+``report.md``, ``tables/<name>.csv`` and ``tables/<name>.tex`` (booktabs) for every table, and
+``figures/<name>.png`` / ``.pdf`` for every figure.
+
+:func:`build` computes everything from the rows (pure apart from matplotlib), :func:`write` writes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+from kvbench.report import figures as F
+from kvbench.report import tables as T
+from kvbench.report.data import SETTING, setting_title, usable
+from kvbench.report.terminal import RANDOM_WARNING, counts_line, is_random, missing_lines, render_markdown
+
+__all__ = ["Figure", "Options", "Report", "Section", "Table", "build", "write"]
+
+
+@dataclass
+class Options:
+    """Report settings: the CI reference method, bootstrap resamples and seed, the serving view's accelerator
+    memory (bytes) and context length (tokens), the ``kvbench cost`` output (parsed JSON) if any."""
+
+    reference: str = "gatesight"
+    n_resamples: int = 10_000
+    seed: int = 0
+    gpu_bytes: int = 141 * 10**9
+    gpu_label: str = "141GB"
+    serve_length: int = 131_072
+    cost: dict | None = None
+    figures: bool = True
+
+
+@dataclass
+class Table:
+    """One table: ``data`` (numeric, written as CSV), ``shown`` (strings, what HTML / markdown / LaTeX show),
+    ``bold`` (cells of ``shown`` to emphasise: (row index, column))."""
+
+    name: str
+    title: str
+    data: pd.DataFrame
+    shown: pd.DataFrame
+    note: str = ""
+    bold: set[tuple[int, str]] = field(default_factory=set)
+    kind: str = ""
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    fig: object  # matplotlib.figure.Figure
+    png: bytes
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list[Table | Figure] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    header: list[str]
+    sections: list[Section]
+    markdown_head: str
+
+
+def _fmt(x: float, digits: int = 1, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _slug(key: tuple) -> str:
+    model, fp, engine, bench, length, seed = key
+    parts = [model, fp[:8], engine, bench, f"L{length}", f"s{seed}"]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p))
+
+
+def _wide(long: pd.DataFrame, index: list[str], cell) -> pd.DataFrame:
+    """Pivot ``long`` to one row per ``index`` tuple and one column per p (descending); cells ``cell(row)``."""
+    ps = sorted(long.p.unique(), reverse=True)
+    grid: dict[tuple, dict[float, SimpleNamespace]] = {}
+    for rec in long.to_dict("records"):  # one pass over plain Python records (fast on Arrow-backed strings)
+        grid.setdefault(tuple(rec[c] for c in index), {})[rec["p"]] = SimpleNamespace(**rec)
+    rows = [[*key, *(cell(by_p[p]) if p in by_p else "" for p in ps)] for key, by_p in sorted(grid.items())]
+    return pd.DataFrame(rows, columns=[*index, *(f"p={p}" for p in ps)])
+
+
+def _main(avg: pd.DataFrame, slug: str, title: str) -> Table:
+    wide = T.main_table(avg)
+    data = wide.drop(columns="best")
+    shown = data.copy()
+    for c in shown.columns[1:]:
+        shown[c] = [_fmt(v) for v in data[c]]
+    partial = set(avg.loc[avg.partial, "label"])
+    bold = {(i, c) for i, cols in enumerate(wide.best) for c in cols}
+    note = "Bold: the best method per column (the no-prune row `full` and query-aware ceilings are not ranked). "
+    note += "`mean`: over the pruned kept fractions (p < 1) the row has."
+    if partial:
+        note += f" Some cells of {', '.join(sorted(partial))} average fewer tasks than the setting has."
+    return Table(f"main-{slug}", f"Main table (mean over tasks, %) — {title}", data, shown, note, bold, "main")
+
+
+def _ci(ci: pd.DataFrame, slug: str, title: str, ref: str) -> Table:
+    def cell(r) -> str:
+        return f"{r.diff:+.1f} [{r.lo:+.1f}, {r.hi:+.1f}]" + ("*" if r.significant else "")
+
+    shown = _wide(ci, ["task", "label"], cell)
+    note = (f"Paired bootstrap ({ci.n_contexts.max()} contexts at most per task, resampled by context): each "
+            f"method's task score minus {ref}'s, points, with the 95 % percentile interval; * marks an interval "
+            "that excludes 0.")  # fmt: skip
+    return Table(f"ci-{slug}", f"Difference to {ref} with 95 % CI — {title}", ci, shown, note, kind="ci")
+
+
+def _sensitivity(sens: dict, key: tuple, slug: str, title: str) -> list[Table]:
+    sel = {k: v[(v[SETTING] == pd.Series(key, index=SETTING)).all(axis=1)] for k, v in sens.items() if len(v)}
+    if not sel or sel["per_task"].empty:
+        return []
+    per, means, order = sel["per_task"], sel["means"], sel["order"]
+    out = [Table(f"scorer-tasks-{slug}", f"Official vs revised scorer per task — {title}", per,
+                 _wide(per, ["task", "label"], lambda r: f"{r.score_official:.1f} → {r.score_revised:.1f}"),
+                 "official → revised, %", kind="sens")]  # fmt: skip
+    shown = _wide(means, ["label"], lambda r: f"{r.score_official:.1f} / {r.score_revised:.1f} ({r.delta:+.1f})")
+    out.append(Table(f"scorer-means-{slug}", f"Mean over all tasks under each scorer — {title}", means, shown,
+                     "official / revised (revised − official), %", kind="sens"))  # fmt: skip
+    o = order.assign(order_official=order.order_official.map(" > ".join),
+                     order_revised=order.order_revised.map(" > ".join))  # fmt: skip
+    shown = o[["p", "same", "order_official", "order_revised"]].assign(same=o.same.map({True: "yes", False: "NO"}))
+    shown = shown.sort_values("p", ascending=False).astype(str)
+    n_same = int(order.same.sum())
+    note = f"The order of the methods is the same under both scorers at {n_same} of {len(order)} kept fractions."
+    out.append(Table(f"scorer-order-{slug}", f"Method order under each scorer — {title}", o, shown, note,
+                     kind="sens"))  # fmt: skip
+    return out
+
+
+def _kvzip(kz: pd.DataFrame, slug: str, title: str) -> Table:
+    shown = _wide(kz, ["label"], lambda r: f"{r.score:.1f} ({r.delta:+.1f})")
+    means = kz.groupby("label").agg(score=("score", "mean"), kvzip=("kvzip", "mean"), s=("score_s", "first"),
+                                    pf=("prefill_s", "first"), ratio=("score_over_prefill", "first"))  # fmt: skip
+    shown["mean"] = [f"{means.score[lab]:.1f} ({means.score[lab] - means.kvzip[lab]:+.1f})" for lab in shown.label]
+    shown["scoring s"] = [_fmt(means.s[lab], 3) for lab in shown.label]
+    shown["prefill s"] = [_fmt(means.pf[lab], 3) for lab in shown.label]
+    shown["scoring / prefill"] = [_fmt(means.ratio[lab], 3) for lab in shown.label]
+    note = ("Mean over tasks (%), in parentheses the difference to KVzip (points); `mean` over the kept fractions "
+            "shown; seconds: medians per context of the rows' scoring and prefill times.")  # fmt: skip
+    return Table(f"kvzip-{slug}", f"Every method against KVzip — {title}", kz, shown, note, kind="kvzip")
+
+
+def _ablation(ab: pd.DataFrame, slug: str, title: str) -> Table:
+    shown = _wide(ab, ["method", "allocation"], lambda r: f"{r.score:.1f} ({r.delta:+.1f})" + ("*" * r.partial))
+    note = ("Mean over tasks (%), in parentheses the difference to the method's default allocation at the same p "
+            "and total budget; * averages fewer tasks than the setting has.")  # fmt: skip
+    return Table(f"ablation-{slug}", f"Allocation ablation — {title}", ab, shown, note, kind="ablation")
+
+
+def _memory(mem: pd.DataFrame, slug: str, title: str, opt: Options) -> Table:
+    def cell(r) -> str:
+        sessions = "n/a" if math.isnan(r.sessions) else f"{int(r.sessions):,}"
+        return f"{r.kept_ratio:.3f} · {r.session_bytes / 2**30:.2f} GiB · {sessions}"
+
+    shown = _wide(mem, ["label"], cell)
+    weights = mem.weight_bytes.iloc[0]
+    note = (f"Computed from measured bytes: kept ratio = measured stored / full K+V bytes of the rows; KV per "
+            f"session = ratio × the model's attention K+V bytes per token ({mem.full_per_token.iloc[0]:,.0f} B; "
+            f"measured {mem.measured_per_token.iloc[0]:,.0f} B at the run's length) × {opt.serve_length:,} tokens; "
+            f"sessions = ⌊({opt.gpu_label} − weights) / KV per session⌋")  # fmt: skip
+    note += (f", weights {weights / 1e9:.3f} GB." if not math.isnan(weights) else
+             ": n/a, the manifest records no weight bytes for this model (rerun with this kvbench).")  # fmt: skip
+    note += " GDN recurrent states (fixed per session) are not counted."
+    return Table(f"memory-{slug}", f"Memory and serving (ratio · KV/session · sessions) — {title}", mem, shown,
+                 note, kind="memory")  # fmt: skip
+
+
+def _counts(cells: pd.DataFrame, slug: str, title: str) -> Table:
+    shown = _wide(cells, ["task", "label"], lambda r: str(int(r.n)))
+    return Table(f"counts-{slug}", f"Rows per cell — {title}", cells[["task", "label", "p", "n"]], shown,
+                 "Rows (questions) that entered each cell.", kind="counts")  # fmt: skip
+
+
+def _png(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests: list[dict], opt: Options) -> Report:
+    """Every view of the report from the rows ``df`` (``data.load``), ``missing.json`` entries, loader notes and
+    the manifests' run entries."""
+    header = [counts_line(df)]
+    if is_random(df):
+        header.append(RANDOM_WARNING.strip("*"))
+    header += notes + [line.replace("**", "") for line in missing_lines(df, missing)]
+    use = usable(df)
+    cells = T.task_scores(use)
+    avg = T.averaged(cells)
+    ci = T.paired_bootstrap(use, opt.reference, opt.n_resamples, opt.seed)
+    sens = T.scorer_sensitivity(use)
+    kz = T.kvzip_table(use, avg)
+    ab = T.allocation_ablation(avg)
+    gap = T.ceiling_gap(avg)
+    shapes = {(r.get("model"), r.get("model_fingerprint") or ""): r["model_shape"] for r in manifests
+              if isinstance(r.get("model_shape"), dict)}  # fmt: skip
+    mem = T.memory_view(use, shapes, opt.gpu_bytes, opt.serve_length)
+    palette = F.colors(sorted(set(cells.label))) if len(cells) else {}
+    sections = []
+
+    def of(frame: pd.DataFrame, key: tuple) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        return frame[(frame[SETTING].astype(str) == pd.Series(key, index=SETTING)).all(axis=1)]
+
+    for key, c in cells.groupby(SETTING, sort=True):
+        title, slug = setting_title(key), _slug(key)
+        sec = Section(title)
+        a, b = of(avg, key), of(ci, key)
+        if opt.figures:
+            fig = F.averaged_curves(a, f"mean over {a.n_tasks.max()} tasks — {title}", palette)
+            mixed = "Mixed SCBench tasks enter as the mean of their two sub-task scores."
+            sec.blocks.append(Figure(f"averaged-{slug}", "Mean over tasks", fig, _png(fig), mixed))
+            fig = F.per_task_curves(c, title, palette, b if len(b) else None)
+            band = f"; bands: paired 95 % bootstrap intervals of the difference to {opt.reference}" if len(b) else ""
+            sec.blocks.append(Figure(f"tasks-{slug}", "Per task", fig, _png(fig), f"Accuracy vs kept fraction{band}."))
+        sec.blocks.append(_main(a, slug, title))
+        g = of(gap, key)
+        if len(g):
+            shown = _wide(g, ["ceiling", "label"], lambda r: f"{r.gap:+.1f}")
+            sec.blocks.append(Table(f"ceiling-{slug}", f"Gap to the query-aware ceiling — {title}", g, shown,
+                                    "Ceiling minus method, points (mean over tasks).", kind="ceiling"))  # fmt: skip
+        if len(b):
+            sec.blocks.append(_ci(b, slug, title, b.reference.iloc[0]))
+        sec.blocks += _sensitivity(sens, key, slug, title)
+        if len(k := of(kz, key)):
+            sec.blocks.append(_kvzip(k, slug, title))
+        if len(x := of(ab, key)):
+            sec.blocks.append(_ablation(x, slug, title))
+        if len(m := of(mem, key)):
+            sec.blocks.append(_memory(m, slug, title, opt))
+        sec.blocks.append(_counts(c, slug, title))
+        sections.append(sec)
+    if opt.cost:
+        cost = T.cost_table(opt.cost)
+        shown = cost.assign(prefill_s=cost.prefill_s.map(lambda v: _fmt(v, 3)),
+                            score_s=cost.score_s.map(lambda v: _fmt(v, 4)), ratio=cost.ratio.map(lambda v: _fmt(v, 4)))
+        meta = opt.cost.get("meta", {})
+        note = f"`kvbench cost` on {meta.get('model', '?')}: median seconds of {meta.get('repeats', '?')} runs."
+        sections.append(Section("Scoring cost", [Table("cost", "Scoring cost by context length", cost,
+                                                       shown.astype(str), note, kind="cost")]))  # fmt: skip
+    return Report(header, sections, render_markdown(df, missing))
+
+
+# --- writers ---------------------------------------------------------------------------------------------------
+
+_TEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+        "^": r"\textasciicircum{}", "\\": r"\textbackslash{}", "→": r"$\to$", "−": "-", "·": r"$\cdot$",
+        "⌊": "", "⌋": ""}  # fmt: skip
+
+
+def _tex_escape(text: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in str(text))
+
+
+def to_latex(t: Table) -> str:
+    """``t.shown`` as a booktabs tabular (bold cells as ``\\textbf``); needs ``\\usepackage{booktabs}``."""
+    cols = list(t.shown.columns)
+    spec = "".join("l" if not (c.startswith("p=") or c == "mean") else "r" for c in cols)
+    lines = [f"% {t.title}", f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(map(_tex_escape, cols)) + r" \\",
+             "\\midrule"]  # fmt: skip
+    for i, row in enumerate(t.shown.itertuples(index=False)):
+        cells = [_tex_escape(v) for v in row]
+        cells = [f"\\textbf{{{v}}}" if (i, c) in t.bold else v for v, c in zip(cells, cols, strict=True)]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    return "\n".join(lines)
+
+
+def to_markdown(t: Table) -> str:
+    cols = list(t.shown.columns)
+    out = [f"### {t.title}", "", "| " + " | ".join(cols) + " |", "|---" + "|---:" * (len(cols) - 1) + "|"]
+    for i, row in enumerate(t.shown.itertuples(index=False)):
+        cells = [f"**{v}**" if (i, c) in t.bold and v else str(v) for v, c in zip(row, cols, strict=True)]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(out + ["", t.note, ""] if t.note else out + [""])
+
+
+def to_html(t: Table) -> str:
+    cols = list(t.shown.columns)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = []
+    for i, row in enumerate(t.shown.itertuples(index=False)):
+        tds = []
+        for v, c in zip(row, cols, strict=True):
+            text = html.escape(str(v))
+            tds.append(f"<td><strong>{text}</strong></td>" if (i, c) in t.bold and v != "" else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return (f'<table class="{t.kind}" id="{html.escape(t.name)}" data-csv="tables/{html.escape(t.name)}.csv">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")  # fmt: skip
+
+
+def write(report: Report, out_dir: Path) -> Path:
+    """Write the report directory; return the path of ``index.html``."""
+    import jinja2
+
+    out_dir = Path(out_dir)
+    (out_dir / "tables").mkdir(parents=True, exist_ok=True)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    md = [report.markdown_head.rstrip(), ""]
+    for sec in report.sections:
+        md += [f"## {sec.title} (report)", ""]
+        for b in sec.blocks:
+            if isinstance(b, Table):
+                b.data.to_csv(out_dir / "tables" / f"{b.name}.csv", index=False)
+                (out_dir / "tables" / f"{b.name}.tex").write_text(to_latex(b), encoding="utf-8")
+                md.append(to_markdown(b))
+            else:
+                (out_dir / "figures" / f"{b.name}.png").write_bytes(b.png)
+                b.fig.savefig(out_dir / "figures" / f"{b.name}.pdf")
+                md += [f"![{b.title}](figures/{b.name}.png)", "", b.caption, ""]
+    (out_dir / "report.md").write_text("\n".join(md), encoding="utf-8")
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kvbench.report", "templates"), autoescape=jinja2.select_autoescape(["html"])
+    )
+    page = env.get_template("index.html.j2").render(
+        header=report.header,
+        sections=[
+            (sec.title, [("table", b, to_html(b)) if isinstance(b, Table) else
+                         ("figure", b, base64.b64encode(b.png).decode("ascii")) for b in sec.blocks])
+            for sec in report.sections
+        ],
+    )  # fmt: skip
+    index = out_dir / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
