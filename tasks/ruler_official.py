@@ -25,7 +25,7 @@ Because all draws come from one stream in order, item ``i`` does not depend on `
 item ``i`` needs items ``0 .. i-1`` drawn first.
 
 Where RULER would loop forever (an item still exceeds ``length`` at the increment, e.g.
-niah_multiquery at 1,024 tokens: 500 essay words never fit) it redraws at that size up to
+niah_multiquery at 1,024 tokens with a tokenizer for which 500 essay words never fit) it redraws at that size up to
 :data:`FLOOR_REDRAWS` times as RULER does, then bisects below the increment (a fresh draw per step) down
 to the task's smallest haystack; if nothing fits, ``TooShortError`` names the ``--length`` needed. From
 that point on the task's items are kvbench's, not RULER's (``meta["ruler_identical"]`` is false). The
