@@ -1,16 +1,21 @@
 """Render a :class:`~kvbench.tasks.Context` into token ids through the model's chat template.
 
 The full prompt of question ``j`` is the chat template applied to one user message
-``instruction + "\\n" + body + "\\n" + question_j`` with the generation prompt, followed by the question's
-answer prefix. It is split the query-agnostic way into three token-id pieces, tokenized separately
-(no special tokens added):
+``instruction + glue + body + "\\n" + question_j`` with the generation prompt, followed by the question's
+answer prefix (``glue`` is the context's, ``"\\n"`` unless the bench says otherwise). It is split the
+query-agnostic way into three token-id pieces, tokenized separately (no special tokens added):
 
-* ``prefix_ids``: template header + instruction + "\\n" (the protected prefix, at most 256 protected);
+* ``prefix_ids``: template header + instruction + glue (the protected prefix, at most 256 protected);
 * ``body_ids``: the body (middle-truncated when the whole would exceed the model limit);
 * ``question_ids[j]``: "\\n" + question + template tail (end of turn, assistant header) + answer prefix.
 
 Context = prefix + body; every question is appended to the same context. A tokenizer without a chat
-template gets the plain concatenation (RULER's "base" template).
+template gets the plain concatenation (RULER's "base" template), with one space between the question
+and a non-empty answer prefix, as RULER writes ``"...text? The special magic..."``.
+
+:func:`prompt_length` counts the whole prompt text tokenized in one piece, as RULER's scripts count
+``input + answer_prefix``; with a BPE tokenizer that can differ by a token or two from the sum of the
+three pieces above (a byte-level tokenizer gives the same count either way).
 """
 
 from __future__ import annotations
@@ -66,6 +71,19 @@ def encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
+def _question_text(question, tail: str) -> str:
+    """What follows the body for one question: "\\n" + question + template tail + answer prefix, with a
+    space before a non-empty answer prefix when there is no chat template (RULER's base template)."""
+    sep = " " if not tail and question.answer_prefix else ""
+    return "\n" + question.text + tail + sep + question.answer_prefix
+
+
+def prompt_text(tokenizer, context: Context, j: int = 0) -> str:
+    """The whole prompt of question ``j`` as one string: what :func:`render`'s pieces encode, joined."""
+    head, tail = template_parts(tokenizer)
+    return head + context.instruction + context.glue + context.body + _question_text(context.questions[j], tail)
+
+
 def render(tokenizer, context: Context, max_length: int | None = None) -> Rendered:
     """Tokenize ``context`` as described in the module docstring.
 
@@ -74,9 +92,9 @@ def render(tokenizer, context: Context, max_length: int | None = None) -> Render
     kept, as SCBench does) and ``truncated_from`` records the original context length.
     """
     head, tail = template_parts(tokenizer)
-    prefix_ids = encode(tokenizer, head + context.instruction + "\n")
+    prefix_ids = encode(tokenizer, head + context.instruction + context.glue)
     body_ids = encode(tokenizer, context.body)
-    question_ids = [encode(tokenizer, "\n" + q.text + tail + q.answer_prefix) for q in context.questions]
+    question_ids = [encode(tokenizer, _question_text(q, tail)) for q in context.questions]
     if not body_ids:
         raise KvbenchError(f"empty context body in {context.bench}/{context.task} item {context.item}")
     truncated_from = None
@@ -97,10 +115,15 @@ def render(tokenizer, context: Context, max_length: int | None = None) -> Render
 
 
 def prompt_length(tokenizer):
-    """A ``PromptLength`` for generators: prefix + body + first question tokens, as :func:`render` counts."""
+    """A ``PromptLength`` for generators: tokens of the whole prompt of the first question
+    (:func:`prompt_text`, tokenized in one piece as RULER counts). The returned callable also has
+    ``text_tokens(text) -> int``, the token count of raw text (RULER counts its one-shot examples so)."""
 
     def length(context: Context) -> int:
-        r = render(tokenizer, context)
-        return len(r.context_ids) + (len(r.question_ids[0]) if r.question_ids else 0)
+        if not context.questions:
+            head, _ = template_parts(tokenizer)
+            return len(encode(tokenizer, head + context.instruction + context.glue + context.body))
+        return len(encode(tokenizer, prompt_text(tokenizer, context)))
 
+    length.text_tokens = lambda text: len(encode(tokenizer, text))
     return length

@@ -64,6 +64,7 @@ class Context:
     body: the long context text that eviction compresses.
     questions: asked one at a time against the compressed context.
     meta: free-form details recorded with each row (e.g. needle depth).
+    glue: the text between instruction and body (RULER's fwe joins them with a space).
     """
 
     bench: str
@@ -73,6 +74,7 @@ class Context:
     body: str
     questions: tuple[Question, ...]
     meta: dict = field(default_factory=dict)
+    glue: str = "\n"
 
 
 #: Callable that returns the total prompt length in tokens (chat template + instruction + body + the

@@ -13,34 +13,41 @@ are protected. Each question carries RULER's ``tokens_to_generate`` (niah 128, v
 qa 32) as ``max_new_tokens`` and the official metric: ``string_match_all`` (niah, vt, cwe, fwe) or
 ``string_match_part`` (qa).
 
-Sizing, as RULER: the token count is the full prompt as the evaluated model sees it (the core's
-``prompt_length``, chat template included) plus ``max_new_tokens``, and must be ``<= length``. A binary
-search (galloping from an estimate) finds the largest haystack that fits a probe item (item 0); each
-item then starts from that size and steps down by RULER's increment until it fits (essay 500 words,
-noise/needle lines 25, vt 10, both 5 below 4096; cwe 10 words; qa 10 documents; fwe ``length // 32``
-words). Where RULER would loop forever (the increment reaches the floor and still does not fit) the step
-becomes a bisection down to the smallest haystack; if even that does not fit, ``KvbenchError`` names the
-``--length`` needed. As in RULER, an item whose keys or values tokenize longer than the probe's drops a
-whole increment, so some items end well under ``length`` (with a byte-level tokenizer at 4096, one
-essay increment is ~3,000 tokens; with a BPE tokenizer ~650). ``meta["prompt_tokens"]`` records each
-item's measured prompt.
+Two samplings (``RulerBench.sampling``, :data:`SAMPLINGS`):
 
-Differences from RULER, all deliberate:
+* ``official`` (the default): RULER's own items, byte-identical to its scripts for the same tokenizer,
+  template, length, seed and input files; the draws and sizing are in :mod:`kvbench.tasks.ruler_official`,
+  the text assembly is this module's. Use it for any number compared with RULER's.
+* ``per_item``: kvbench's own generator, described below. Any item can be drawn alone and items land
+  closer to ``length``, but they are not RULER's items.
 
-* Every item draws from its own RNG, ``random.Random(f"{seed}:{task}:{item}")``, so item ``i`` does not
-  depend on ``limit`` (RULER draws all samples from one global stream, so exact RULER samples are not
-  reproduced). An item's keys, values, queries, answers and one-shot example do not depend on its
+In both, the token count is the whole prompt as the evaluated model sees it (the core's
+``prompt_length``: chat template included, tokenized in one piece) plus ``max_new_tokens``, and must be
+``<= length`` (fwe: as RULER, ``length - 50`` for the prompt). ``meta["prompt_tokens"]`` records each
+item's measured prompt and ``meta["sampling"]`` the sampling.
+
+``per_item`` sizing: a binary search (galloping from an estimate) finds the largest haystack that fits a
+probe item (item 0); each item then starts from that size and steps down by RULER's increment until it
+fits (essay 500 words, noise/needle lines 25, vt 10, both 5 below 4096; cwe 10 words; qa 10 documents;
+fwe ``length // 32`` words). Where RULER would loop forever (the increment reaches the floor and still
+does not fit) the step becomes a bisection down to the smallest haystack; if even that does not fit,
+``KvbenchError`` names the ``--length`` needed. As in RULER, an item whose keys or values tokenize longer
+than the probe's drops a whole increment, so some items end well under ``length``. Its other
+differences from RULER:
+
+* Every item draws from its own RNG, ``random.Random(f"{seed}:{task}:{item}")``, so item ``i`` can be
+  built alone. An item's keys, values, queries, answers and one-shot example do not depend on its
   haystack size; RULER's fixed-seed shuffles (``random.Random(seed).shuffle``) are kept.
-* fwe is sized like the other tasks (RULER grows it from ``length // 6`` words and never counts the
-  50 generated tokens, so its samples can exceed the length); its vocabulary has ``(length - 50) // 50``
-  words (at least 5). RULER's instruction and context are joined by a space there, kvbench's by ``\\n``.
+* fwe is sized like the other tasks; its vocabulary has ``(length - 50) // 50`` words (at least 5).
 * vt variable names within a chain are always distinct; the one-shot example's names and value are
   redrawn per item directly rather than by RULER's string replacement. The one-shot example is sized to
-  500 tokens of raw text, measured through ``prompt_length`` (difference against a one-character
-  body); if even 5 noise lines exceed that, 5 are used (RULER hangs there).
-* cwe cannot exceed its 8,166-word vocabulary (RULER's fallback list is an LFS pointer); beyond
-  roughly 100K tokens its prompts stay shorter than ``length``.
-* niah keys are uniform over RULER's 6,171,620 adjective-noun strings without building the list.
+  500 tokens of raw text; if even 5 noise lines exceed that, 5 are used (RULER hangs there).
+* cwe cannot exceed its 8,166-word vocabulary; beyond roughly 100K tokens its prompts stay shorter
+  than ``length``.
+
+In both samplings niah keys are RULER's (its sorted 6,171,620 adjective-noun strings, indexed without
+building the list), fwe's instruction and text are joined by a space as in RULER (the context's
+``glue``), and vt's answer prefix reads "assigned" (RULER fixed its old "assgined").
 
 External data (``KVBENCH_DATA_DIR``, or the core's ``--data-dir``): ``ruler/PaulGrahamEssays.json``
 (``{"text": ...}``; essay haystacks of niah_single_2/3, niah_multikey_1, niah_multivalue,
@@ -48,8 +55,8 @@ niah_multiquery), ``ruler/squad.json`` (SQuAD v2 dev; qa_1), ``ruler/hotpotqa.js
 distractor; qa_2). A missing file raises :class:`MissingDataError`; the other tasks need no file.
 
 Generated-data cache: set ``bench.cache_dir`` (e.g. to :func:`default_cache_dir`, ``$KVBENCH_CACHE/ruler``)
-and contexts are stored there as JSON keyed by (bench, task, length, limit, seed, generator version,
-data files, tokenizer fingerprint). The fingerprint hashes ``prompt_length`` over fixed probe contexts,
+and contexts are stored there as JSON keyed by (bench, task, length, limit, seed, sampling, generator
+version, data files, tokenizer fingerprint). The fingerprint hashes ``prompt_length`` over fixed probe contexts,
 and every cached item's token count is re-measured on load; any mismatch, unreadable or corrupt file
 regenerates (and rewrites) the entry. ``cache_dir = None`` (the default) disables caching.
 
@@ -59,6 +66,7 @@ sentence splitting without a download; see ``kvbench.tasks.ruler_data``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -91,7 +99,7 @@ from kvbench.tasks.ruler_data import (
     FormatError,
     NiahConfig,
     cwe_words,
-    niah_key_parts,
+    niah_keys,
     parse_hotpotqa,
     parse_squad,
     singularize,
@@ -101,6 +109,7 @@ from kvbench.tasks.ruler_data import (
 __all__ = [
     "DATA_FILES",
     "GENERATOR_VERSION",
+    "SAMPLINGS",
     "MissingDataError",
     "RulerBench",
     "TASKS",
@@ -111,7 +120,10 @@ __all__ = [
 ]
 
 #: Bumped whenever generated contexts change for the same inputs (part of the cache key).
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+#: ``official``: RULER's own draws and sizing (:mod:`kvbench.tasks.ruler_official`), the default;
+#: ``per_item``: kvbench's per-item seeding and probe-based sizing (this module).
+SAMPLINGS = ("official", "per_item")
 #: External file each task needs, relative to ``$KVBENCH_DATA_DIR``.
 DATA_FILES = {
     **{t: "ruler/PaulGrahamEssays.json" for t, c in NIAH_CONFIGS.items() if c.haystack == "essay"},
@@ -253,9 +265,8 @@ def _draw(rng: random.Random, kind: str) -> str:
     if kind == "uuids":
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     if kind == "words":
-        adjs, nouns = niah_key_parts()
-        i = rng.randrange(len(adjs) * len(nouns))
-        return f"{adjs[i // len(nouns)]}-{nouns[i % len(nouns)]}"
+        keys = niah_keys()
+        return keys[rng.randrange(len(keys))]  # RULER: random.choice(words), the same single draw
     raise ValueError(f"unknown needle kind {kind!r}")
 
 
@@ -278,7 +289,15 @@ class _Niah(_Task):
         return 1 if self.cfg.haystack == "essay" else self.cfg.num_k * self.cfg.num_v
 
     def build(self, item: int, n: int) -> Context:
-        c, rng = self.cfg, self.rng(item)
+        rng = self.rng(item)
+        keys, values, needles = self.needles(rng)
+        queries, answers = self.pick(rng, keys, values)
+        body = self.haystack(rng, n, needles)
+        return self.assemble(item, n, keys, values, needles, queries, answers, body)
+
+    def needles(self, rng: random.Random) -> tuple[list[str], list[list[str]], list[str]]:
+        """Keys, values per key and needle sentences (shuffled by ``Random(seed)`` as RULER)."""
+        c = self.cfg
         keys, values, needles = [], [], []
         for _ in range(c.num_k):
             keys.append(_draw(rng, c.type_k))
@@ -287,10 +306,16 @@ class _Niah(_Task):
                 values[-1].append(_draw(rng, c.type_v))
                 needles.append(NEEDLE.format(type_v=c.type_v, key=keys[-1], value=values[-1][-1]))
         random.Random(self.seed).shuffle(needles)
-        picked = rng.sample(range(c.num_k), c.num_q)
-        queries = [keys[i] for i in picked]
-        answers = [a for i in picked for a in values[i]]
+        return keys, values, needles
 
+    def pick(self, rng: random.Random, keys: list[str], values: list[list[str]]) -> tuple[list[str], list[str]]:
+        """The queried keys and their answers."""
+        picked = rng.sample(range(self.cfg.num_k), self.cfg.num_q)
+        return [keys[i] for i in picked], [a for i in picked for a in values[i]]
+
+    def haystack(self, rng: random.Random, n: int, needles: list[str]) -> str:
+        """The body: ``n`` haystack units with the needles inserted (RULER's layout)."""
+        c = self.cfg
         if c.haystack == "essay":
             sents = self.essay.sentences(n)
             cuts = [0] + sorted(int(len(sents) * (d / 100)) for d in rng.sample(DEPTHS, len(needles)))
@@ -312,7 +337,10 @@ class _Niah(_Task):
             for index, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True):
                 lines.insert(index, needle)
             body = "\n".join(lines)
+        return body
 
+    def assemble(self, item, n, keys, values, needles, queries, answers, body) -> Context:
+        c = self.cfg
         query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
         pieces = [NIAH.instruction_text(), NIAH.question_text(), NIAH.answer_prefix]
         type_v = c.type_v
@@ -397,8 +425,12 @@ class _Vt(_Task):
         icl_value = rng.randint(10000, 99998)
         positions = sorted(rng.sample(range(n), _VT_HOPS + 1))
         icl = self._icl_input(icl_names, icl_value, self.icl_n, self.icl_positions) + " " + " ".join(icl_names)
-        instruction = icl + "\n\n" + VT.instruction_text()
-        body = _vt_context(names, value, n, positions)
+        return self.assemble(item, n, icl, names, value, _vt_context(names, value, n, positions))
+
+    def assemble(self, item: int, n: int, icl: str | None, names: list[str], value: int, body: str) -> Context:
+        """The context around ``body``; ``icl`` (the one-shot example, without its trailing newline) leads
+        the instruction unless None."""
+        instruction = VT.instruction_text() if icl is None else icl + "\n\n" + VT.instruction_text()
         question = VT.question_text().format(query=value)
         prefix = VT.answer_prefix.format(num_v=_VT_HOPS + 1, query=value)
         meta = {"n": n, "value": value, "chain": names, "icl_lines": self.icl_n}
@@ -441,6 +473,9 @@ class _Cwe(_Task):
         order = list(self.words)
         rng.shuffle(order)  # the item's words in draw order: the first n do not depend on n
         body, answer = self._listing(order[:n], *self.repeats)
+        return self.assemble(item, n, ex_context, ex_answer, body, answer)
+
+    def assemble(self, item: int, n: int, ex_context: str, ex_answer: list[str], body: str, answer: list[str]):
         icl = CWE.full().format(context=ex_context) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_answer))
         instruction = icl + "\n" + CWE.instruction_text()
         meta = {"n": n, "common": answer, "repeats": list(self.repeats)}
@@ -476,19 +511,25 @@ class _Fwe(_Task):
         return self._floor
 
     def build(self, item: int, n: int) -> Context:
-        rng = self.rng(item)
-        size = self.vocab_size
+        return self.assemble(item, n, self.vocab(self.rng(item), self.vocab_size))
+
+    def vocab(self, rng: random.Random, size: int) -> list[str]:
+        """``size`` distinct 6-letter coded words, sorted, shuffled by ``Random(seed)``; rank 0 is '...'."""
         vocab = ["".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(size)]
         while len(set(vocab)) < size:
             vocab.append("".join(rng.choices(string.ascii_lowercase, k=6)))
         vocab = sorted(set(vocab))
         random.Random(self.seed).shuffle(vocab)
         vocab[0] = "..."  # the top rank is noise
-        words = [w for w, c in zip(vocab, _fwe_counts(n, size), strict=True) for _ in range(c)]
+        return vocab
+
+    def assemble(self, item: int, n: int, vocab: list[str]) -> Context:
+        """``n`` words with Zipf counts over ``vocab``; a space joins instruction and text, as in RULER."""
+        words = [w for w, c in zip(vocab, _fwe_counts(n, len(vocab)), strict=True) for _ in range(c)]
         random.Random(self.seed).shuffle(words)
         answer = vocab[1:4]
-        meta = {"n": n, "vocab_size": size, "top": answer}
-        return self.context(
+        meta = {"n": n, "vocab_size": len(vocab), "top": answer}
+        ctx = self.context(
             item,
             FWE.instruction_text(),
             " ".join(words),
@@ -498,6 +539,7 @@ class _Fwe(_Task):
             "string_match_all",
             meta,
         )
+        return dataclasses.replace(ctx, glue=FWE.glue)
 
 
 class _Qa(_Task):
@@ -519,7 +561,13 @@ class _Qa(_Task):
         return max(len(self.qas[item]["context"]), 1)
 
     def build(self, item: int, n: int) -> Context:
-        rng, qa, total = self.rng(item), self.qas[item], len(self.docs)
+        return self.assemble(item, n, self.choose(self.rng(item), item, n))
+
+    def choose(self, rng: random.Random, item: int, n: int) -> list[int]:
+        """RULER's ``n`` documents for question ``item`` (gold, then same-article, then others; the whole
+        list repeated when ``n`` reaches it), in ``Random(seed)``-shuffled order. ValueError when ``n`` is
+        below the number of gold documents (RULER's ``random.sample`` raises there)."""
+        qa, total = self.qas[item], len(self.docs)
         gold, more = list(qa["context"]), list(qa.get("more_context", []))
         if n < total:
             if n - len(gold) > len(more):
@@ -531,6 +579,10 @@ class _Qa(_Task):
         else:  # RULER repeats the whole document list
             chosen = (list(range(total)) * -(-n // total))[:n]
         random.Random(self.seed).shuffle(chosen)
+        return chosen
+
+    def assemble(self, item: int, n: int, chosen: list[int]) -> Context:
+        qa = self.qas[item]
         body = "\n\n".join(f"Document {i + 1}:\n{self.docs[d]}" for i, d in enumerate(chosen))
         question = QA.question_text().format(query=qa["query"])
         meta = {"n": n, "dataset": self.dataset, "question_index": item, "query": qa["query"]}
@@ -649,23 +701,44 @@ class _Sizer:
 
 
 def _with_tokens(ctx: Context, tokens: int) -> Context:
-    meta = {**ctx.meta, "prompt_tokens": tokens}
-    return Context(ctx.bench, ctx.task, ctx.item, ctx.instruction, ctx.body, ctx.questions, meta)
+    meta = {**ctx.meta, "prompt_tokens": tokens, "sampling": "per_item"}
+    return Context(ctx.bench, ctx.task, ctx.item, ctx.instruction, ctx.body, ctx.questions, meta, ctx.glue)
 
 
 def generate(
-    bench: str, task: str, *, length: int, limit: int, seed: int, prompt_length: PromptLength
+    bench: str,
+    task: str,
+    *,
+    length: int,
+    limit: int,
+    seed: int,
+    prompt_length: PromptLength,
+    sampling: str = "official",
 ) -> Iterator[Context]:
     """Contexts of RULER ``task`` labelled ``bench`` (no cache). Loads the task's data eagerly, so
-    :class:`MissingDataError` and unknown tasks raise here; sizing errors raise on the first item."""
+    :class:`MissingDataError` and unknown tasks raise here; sizing errors raise on the first item.
+    ``sampling``: one of :data:`SAMPLINGS` (see the module docstring)."""
+    _check_sampling(sampling)
     gen = _make_task(bench, task, seed, length)
     count = max(limit, 0)
     if gen.n_items() is not None:
         count = min(count, gen.n_items())
-    return _generate(gen, length, count, prompt_length)
+    return _generate(gen, length, count, prompt_length, sampling)
 
 
-def _generate(gen: _Task, length: int, count: int, prompt_length: PromptLength) -> Iterator[Context]:
+def _check_sampling(sampling: str) -> None:
+    if sampling not in SAMPLINGS:
+        raise KvbenchError(f"unknown RULER sampling {sampling!r}; use one of: {', '.join(SAMPLINGS)}")
+
+
+def _generate(
+    gen: _Task, length: int, count: int, prompt_length: PromptLength, sampling: str = "official"
+) -> Iterator[Context]:
+    if sampling == "official":
+        from kvbench.tasks.ruler_official import official_items
+
+        yield from official_items(gen, count, prompt_length)
+        return
     if count <= 0:
         return
     gen.prepare(prompt_length)
@@ -712,7 +785,9 @@ def _from_json(d: dict) -> Context:
         )
         for q in d["questions"]
     )
-    return Context(d["bench"], d["task"], d["item"], d["instruction"], d["body"], questions, dict(d["meta"]))
+    return Context(
+        d["bench"], d["task"], d["item"], d["instruction"], d["body"], questions, dict(d["meta"]), d.get("glue", "\n")
+    )
 
 
 class _Cache:
@@ -762,11 +837,13 @@ class _Cache:
 
 @register_bench
 class RulerBench(Bench):
-    """RULER's 13 tasks. ``cache_dir``: where to cache generated contexts (None: no cache)."""
+    """RULER's 13 tasks. ``cache_dir``: where to cache generated contexts (None: no cache).
+    ``sampling``: ``"official"`` (RULER's own items, the default) or ``"per_item"`` (see :data:`SAMPLINGS`)."""
 
     name = "ruler"
     description = "NVIDIA RULER: 13 synthetic tasks (needles, variable tracking, word counts, QA) sized to --length."
     cache_dir: Path | str | None = None
+    sampling: str = "official"
 
     def tasks(self) -> list[str]:
         return list(TASKS)
@@ -782,14 +859,16 @@ class RulerBench(Bench):
         smallest haystack (the message gives the ``--length`` needed)."""
         if task not in self.tasks():
             raise KvbenchError(f"unknown {self.name} task {task!r}; valid tasks: {', '.join(self.tasks())}")
+        _check_sampling(self.sampling)
         gen = _make_task(self.name, task, seed, length)
         count = max(limit, 0)
         if gen.n_items() is not None:
             count = min(count, gen.n_items())
         if self.cache_dir is None or count == 0:
-            return _generate(gen, length, count, prompt_length)
+            return _generate(gen, length, count, prompt_length, self.sampling)
         key = {
             "version": GENERATOR_VERSION,
+            "sampling": self.sampling,
             "bench": self.name,
             "task": task,
             "length": length,
@@ -806,7 +885,7 @@ class RulerBench(Bench):
             yield from items
             return
         items = []
-        for ctx in _generate(gen, length, count, prompt_length):
+        for ctx in _generate(gen, length, count, prompt_length, self.sampling):
             items.append(ctx)
             yield ctx
         cache.store(items)

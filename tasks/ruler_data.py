@@ -10,11 +10,14 @@ NLTK's ``sent_tokenize``, whose English ``punkt_tab`` model cannot be downloaded
 ships NLTK's English Punkt tables converted losslessly and needs no download. On the first 100,000 words
 of the Paul Graham essays it splits exactly as NLTK's ``PunktSentenceTokenizer`` loaded with the same
 tables (checked when this module was written); an untrained tokenizer would move needle insertion
-points in the essay-haystack tasks.
+points in the essay-haystack tasks. Against nltk 3.10.4's own ``sent_tokenize`` with those tables (written
+as ``punkt_tab``) it splits the whole essay file identically except once, near word 497,380 (nltk makes a
+lone "..." a sentence), so essay haystacks agree up to about 490,000 words.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from functools import lru_cache
 
@@ -33,7 +36,9 @@ __all__ = [
     "NiahConfig",
     "ZETA_2",
     "cwe_words",
+    "NiahKeys",
     "niah_key_parts",
+    "niah_keys",
     "parse_hotpotqa",
     "parse_squad",
     "split_sentences",
@@ -72,8 +77,9 @@ class _Template:
     ``instruction`` is the text before ``{context}``, ``question`` the text after it up to the answer
     prefix, ``answer_prefix`` RULER's answer prefix without its leading space. ``glue`` is RULER's
     separator between instruction and context and ``question_glue`` the one between context and question;
-    kvbench renders ``instruction + "\\n" + body + "\\n" + question``, so a separator longer than one newline
-    keeps its extra part in the instruction (or the question).
+    kvbench renders ``instruction + glue + body + "\\n" + question`` with the context's ``glue`` (``"\\n"``, or
+    fwe's space), so a separator longer than one newline keeps its extra part in the instruction (or the
+    question).
     """
 
     def __init__(self, instruction: str, glue: str, question: str, question_glue: str, answer_prefix: str):
@@ -83,7 +89,7 @@ class _Template:
 
     def instruction_text(self) -> str:
         """The instruction as kvbench stores it: RULER's instruction plus its separator minus the newline
-        kvbench adds. fwe's separator is a space, which becomes kvbench's newline."""
+        kvbench adds. fwe's separator is a space, which its contexts carry as their ``glue``."""
         return self.instruction + (self.glue[1:] if self.glue.startswith("\n") else "")
 
     def question_text(self) -> str:
@@ -105,14 +111,13 @@ NIAH = _Template(
     "\n",
     "The special magic {type_v} for {query} mentioned in the provided text are",
 )
-# "assgined" is RULER's spelling (constants.py), kept so prompts match the official data.
 VT = _Template(
     "Memorize and track the chain(s) of variable assignment hidden in the following text.",
     "\n\n",
     "Question: Find all variables that are assigned the value {query} in the text above.",
     "\n",
     "Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-    "assgined the value {query}, they are: ",
+    "assigned the value {query}, they are: ",
 )
 CWE = _Template(
     "Below is a numbered list of words. In these words, some appear more often than others. "
@@ -183,16 +188,65 @@ def _wonderwords(name: str) -> tuple[str, ...]:
     return tuple(random_word._get_words_from_text_file(name))
 
 
+class NiahKeys:
+    """RULER's niah key list ``sorted(set(f"{adj}-{noun}" for adj in adjs for noun in nouns))``, indexed
+    without building its millions of strings.
+
+    The list is not the plain product of the sorted adjectives and nouns: an adjective that extends
+    another by ``-`` (``blue`` / ``blue-eyed``) interleaves with it (``blue-eyebrow`` < ``blue-eyed-ATM`` <
+    ``blue-eyeglasses``). Adjectives are grouped under their shortest such root; groups are contiguous
+    and ordered by ``root + "-"``; a one-adjective group is the sorted nouns, a larger group is sorted
+    explicitly (a few thousand strings each). Raises ValueError if two pairs spell the same key (then the
+    deduplicated list would be shorter; wonderwords 3.0.1 has none).
+    """
+
+    def __init__(self, adjs, nouns):
+        self.nouns = tuple(sorted(set(nouns)))
+        adjs = sorted(set(adjs))
+        groups: dict[str, list[str]] = {}
+        for a in adjs:  # sorted, so a root comes before the adjectives extending it
+            root = next((r for r in groups if a.startswith(r + "-")), a)
+            groups.setdefault(root, []).append(a)
+        self.groups = sorted(groups.items(), key=lambda kv: kv[0] + "-")
+        self.starts, total = [], 0
+        for _, members in self.groups:
+            self.starts.append(total)
+            total += len(members) * len(self.nouns)
+        self.size = total
+        self._sorted: dict[str, list[str]] = {}
+        for root, members in self.groups:
+            if len(members) > 1 and len(set(self._group(root, members))) != len(members) * len(self.nouns):
+                raise ValueError(f"two adjective-noun pairs spell the same key under {root!r}")
+
+    def _group(self, root: str, members: list[str]) -> list[str]:
+        if root not in self._sorted:
+            self._sorted[root] = sorted(f"{a}-{n}" for a in members for n in self.nouns)
+        return self._sorted[root]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self.size:
+            raise IndexError(i)
+        g = bisect.bisect_right(self.starts, i) - 1
+        root, members = self.groups[g]
+        j = i - self.starts[g]
+        if len(members) == 1:
+            return f"{root}-{self.nouns[j]}"
+        return self._group(root, members)[j]
+
+
 @lru_cache(maxsize=1)
 def niah_key_parts() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(adjectives, nouns), each sorted and deduplicated.
-
-    RULER's key list is ``sorted(set(f"{adj}-{noun}"))`` over wonderwords' lists (6,171,620 strings; the
-    only repeats come from the adjective list's two duplicates). Every string is one (unique adjective,
-    unique noun) pair, so drawing a pair index uniformly draws uniformly from RULER's list without
-    building its 6 million strings.
-    """
+    """(adjectives, nouns) of wonderwords, each sorted and deduplicated."""
     return tuple(sorted(set(_wonderwords("adjectivelist.txt")))), tuple(sorted(set(_wonderwords("nounlist.txt"))))
+
+
+@lru_cache(maxsize=1)
+def niah_keys() -> NiahKeys:
+    """RULER's niah key list over wonderwords' adjectives and nouns (6,171,620 keys)."""
+    return NiahKeys(*niah_key_parts())
 
 
 @lru_cache(maxsize=1)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.models import byte_tokenizer
-from kvbench.prompt import render
+from kvbench.prompt import prompt_length, prompt_text, render
 from kvbench.tasks import Context, Question
 
 
@@ -61,4 +63,39 @@ def test_tokenizer_without_chat_template_gets_plain_text():
     tok = byte_tokenizer()
     tok.chat_template = None
     r = render(tok, _ctx("body"))
-    assert tok.decode(r.prefix_ids + r.body_ids + r.question_ids[0]) == "Read this.\nbody\nWhat is x?Answer:"
+    # RULER's base template: a space between the question and the answer prefix ("...text? The special...")
+    assert tok.decode(r.prefix_ids + r.body_ids + r.question_ids[0]) == "Read this.\nbody\nWhat is x? Answer:"
+    assert prompt_text(tok, _ctx("body")) == "Read this.\nbody\nWhat is x? Answer:"
+    no_prefix = _ctx("body", questions=(Question("0", "What is x?", "", 16, ("1",), ("string_match_all",)),))
+    assert prompt_text(tok, no_prefix) == "Read this.\nbody\nWhat is x?"  # no trailing space
+
+
+def test_glue_joins_instruction_and_body():
+    tok = byte_tokenizer()
+    tok.chat_template = None
+    ctx = dataclasses.replace(_ctx("body"), glue=" ")  # RULER's fwe joins them with a space
+    r = render(tok, ctx)
+    assert tok.decode(r.prefix_ids) == "Read this. "
+    assert tok.decode(r.prefix_ids + r.body_ids + r.question_ids[0]) == prompt_text(tok, ctx)
+
+
+def test_prompt_length_counts_the_whole_prompt_in_one_piece():
+    """RULER counts ``input + answer_prefix`` tokenized at once. A BPE whose merges cross the piece
+    boundaries ("x\ny" is one token) gives fewer tokens than the three pieces render produces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(["I", "\n", "b", "Q", " ", "A", "I\n", "I\nb", "b\n", "b\nQ"])}
+    merges = [("I", "\n"), ("I\n", "b"), ("b", "\n"), ("b\n", "Q")]
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    bpe.pre_tokenizer = pre_tokenizers.Split("@", "removed")  # no pre-split: merges may cross "\n"
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    ctx = _ctx("b", instruction="I", questions=(Question("0", "Q", "A", 4, ("1",), ("string_match_all",)),))
+    assert prompt_text(tok, ctx) == "I\nb\nQ A"
+    r = render(tok, ctx)
+    pieces = len(r.prefix_ids) + len(r.body_ids) + len(r.question_ids[0])
+    whole = prompt_length(tok)
+    # whole: "I\nb" "\n" "Q" " " "A" (5); pieces: "I\n" | "b" | "\n" "Q" " " "A" (6)
+    assert whole(ctx) == len(tok("I\nb\nQ A", add_special_tokens=False)["input_ids"]) == 5
+    assert pieces == 6
+    assert whole.text_tokens("I\nb") == 1

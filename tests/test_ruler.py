@@ -59,7 +59,7 @@ NIAH_SINGULAR = (
 VT_TEMPLATE = (
     "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
     "Question: Find all variables that are assigned the value {query} in the text above. Answer: According "
-    "to the chain(s) of variable assignment in the text above, 5 variables are assgined the value {query}, "
+    "to the chain(s) of variable assignment in the text above, 5 variables are assigned the value {query}, "
     "they are: "
 )
 CWE_TEMPLATE = (
@@ -142,8 +142,9 @@ def data_dir(tmp_path_factory, monkeypatch):
     return root
 
 
-def generate(task, length=4096, limit=3, seed=42, prompt_length=words, bench="ruler"):
+def generate(task, length=4096, limit=3, seed=42, prompt_length=words, bench="ruler", sampling="official"):
     b = get_bench(bench)
+    b.sampling = sampling
     return list(b.contexts(task, length=length, limit=limit, seed=seed, prompt_length=prompt_length))
 
 
@@ -286,12 +287,12 @@ def test_vt_chain_resolves_to_answer():
             assert f"VAR {q.references[0]} = {value}" in ctx.body  # the chain starts at the number
             assigned = [m.group(1) for m in re.finditer(r"^VAR ([A-Z]+) = ", ctx.body, re.M)]
             assert assigned == list(q.references)  # in chain order, each hop after the one it reads
-            assert q.answer_prefix.endswith(f"5 variables are assgined the value {value}, they are: ")
+            assert q.answer_prefix.endswith(f"5 variables are assigned the value {value}, they are: ")
             lines = ctx.body.split("\n")
             n = ctx.meta["n_haystack"]
             assert sum(line == NOISE for line in lines) == n and len(lines) == n + 5
             # the one-shot example answers its own chain
-            example_value = int(re.search(r"assgined the value (\d+), they are:  ", ctx.instruction).group(1))
+            example_value = int(re.search(r"assigned the value (\d+), they are:  ", ctx.instruction).group(1))
             example_answer = ctx.instruction.split("they are:  ")[1].split("\n")[0].split()
             assert {v for v, x in resolve(ctx.instruction).items() if x == example_value} == set(example_answer)
             assert len(example_answer) == 5
@@ -428,7 +429,7 @@ def test_probe_is_maximal_and_items_step_down_by_rulers_increment(task, data_dir
         }[task]
     )
     pl = words
-    ctxs = generate(task, length=length, limit=6, prompt_length=pl)
+    ctxs = generate(task, length=length, limit=6, prompt_length=pl, sampling="per_item")
     budget = length - gen_tokens(task)
     size = ctxs[0].meta["n_haystack"]  # item 0 is the probe of the binary search: one more unit overflows
     assert pl(gen.build(0, size + 1)) > budget
@@ -507,17 +508,19 @@ def test_corrupt_data_file_is_a_clear_error(data_dir):
 @pytest.mark.parametrize("task", TASKS)
 def test_too_short_names_a_length_that_works(task, data_dir):
     with pytest.raises(KvbenchError, match=rf"--length 60 is too short for ruler/{task}") as err:
-        generate(task, length=60, limit=1)
+        generate(task, length=60, limit=1, sampling="per_item")
     need = int(re.search(r"use --length >= (\d+)", str(err.value)).group(1))
-    (ctx,) = generate(task, length=need, limit=1)
+    (ctx,) = generate(task, length=need, limit=1, sampling="per_item")
     assert words(ctx) + gen_tokens(task) <= need
     with pytest.raises(KvbenchError, match="too short"):
-        generate(task, length=need - 1, limit=1)
+        generate(task, length=need - 1, limit=1, sampling="per_item")
+    with pytest.raises(KvbenchError, match=rf"--length 60 is too short for ruler/{task}"):
+        generate(task, length=60, limit=1)  # official sampling: the same error
 
 
 def test_terminates_when_prompt_length_ignores_the_haystack():
     for task in ("niah_single_1", "vt", "fwe"):
-        (ctx,) = generate(task, length=300, limit=1, prompt_length=lambda ctx: 10)
+        (ctx,) = generate(task, length=300, limit=1, prompt_length=lambda ctx: 10, sampling="per_item")
         assert ctx.meta["n_haystack"] == 300  # capped: every unit is at least one token
 
 
@@ -528,7 +531,9 @@ def test_search_is_cheap_after_the_probe():
         calls.append(ctx.item)
         return words(ctx)
 
-    gen = get_bench("ruler").contexts("niah_single_1", length=50_000, limit=10, seed=0, prompt_length=counting)
+    bench = get_bench("ruler")
+    bench.sampling = "per_item"
+    gen = bench.contexts("niah_single_1", length=50_000, limit=10, seed=0, prompt_length=counting)
     next(gen)
     assert len(calls) <= 2 * (50_000).bit_length() + 4
     calls.clear()
@@ -551,13 +556,15 @@ def test_references_score_with_declared_scorer(task, data_dir):
     seed=st.integers(0, 10**6),
 )
 def test_sizes_never_exceed_the_budget(data_dir, task, length, seed):
-    try:
-        ctxs = generate(task, length=length, limit=2, seed=seed)
-    except KvbenchError as exc:
-        assert "too short" in str(exc)
-        return
-    for ctx in ctxs:
-        assert words(ctx) + gen_tokens(task) <= length
+    for sampling in ("official", "per_item"):
+        try:
+            ctxs = generate(task, length=length, limit=2, seed=seed, sampling=sampling)
+        except KvbenchError as exc:
+            # RULER's own vt script crashes on some seeds (a repeated name while sizing): official says so
+            assert "too short" in str(exc) or (sampling == "official" and "use another --seed" in str(exc))
+            continue
+        for ctx in ctxs:
+            assert words(ctx) + gen_tokens(task) <= length
 
 
 # --- cache ----------------------------------------------------------------------------------------
