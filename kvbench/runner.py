@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from rich.console import Console
@@ -209,8 +209,14 @@ def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu"):
     return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
 
 
-def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
-    """Execute ``config``; rows go to ``config.out/results.jsonl`` as they finish."""
+def run(
+    config: RunConfig,
+    console: Console | None = None,
+    lm: LoadedModel | None = None,
+    on_progress: Callable[[RunSummary, int], None] | None = None,
+) -> RunSummary:
+    """Execute ``config``; rows go to ``config.out/results.jsonl`` as they finish. ``on_progress(summary,
+    total)`` (optional) is called once the shard's ``total`` contexts are known and after each context."""
     console = console or Console(stderr=True)
     plan = validate(config)
     store = ResultsStore(config.out)
@@ -228,6 +234,8 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     with console.status(f"generating {config.bench} contexts …"):
         contexts = list(_contexts(config, lm, store, console))  # up front: an exact progress total
+    if on_progress:
+        on_progress(summary, len(contexts))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with store, Progress(*columns, console=console, transient=False) as progress:
@@ -237,6 +245,8 @@ def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | Non
                 _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1
                 progress.advance(bar)
+                if on_progress:
+                    on_progress(summary, len(contexts))
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted: {summary.rows_written} new rows are saved in {store.path}; rerun the same "
