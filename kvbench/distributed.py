@@ -138,10 +138,15 @@ class _ProgressHub:
 
     def __init__(self) -> None:
         self.shards: dict[int, ShardProgress] = {}
+        self.seen: set[str] = set()
 
     def report(self, shard: int, attempt: str, pid: int, done: int, total: int | None) -> None:
+        """The latest progress of ``shard``'s ``attempt`` (a late report of an earlier attempt is dropped)."""
         state = self.shards.setdefault(shard, ShardProgress())
         if attempt != state.attempt:
+            if attempt in self.seen:
+                return
+            self.seen.add(attempt)
             state.attempts += 1
             state.attempt = attempt
         state.pid, state.done, state.total = pid, done, total

@@ -14,10 +14,19 @@ from pathlib import Path
 import pytest
 
 from kvbench import cli
-from kvbench.distributed import RayOptions, check_options, run_ray, shard_configs
+from kvbench.distributed import (
+    RayOptions,
+    ShardProgress,
+    _ProgressHub,
+    _summarize,
+    check_options,
+    describe,
+    run_ray,
+    shard_configs,
+)
 from kvbench.errors import KvbenchError
 from kvbench.results import ROW_KEY
-from kvbench.runner import RunConfig
+from kvbench.runner import RunConfig, RunSummary
 
 from .test_cli import kvbench
 
@@ -135,3 +144,64 @@ def test_a_worker_killed_mid_run_still_gives_every_row_once(tmp_path):
     assert sorted(int(r["item"]) for r in rows) == [0, 1, 2, 3]  # needle: one question per context
     # the retried attempt skipped the context its killed predecessor had finished
     assert summary.rows_skipped >= 1 and summary.rows_written + summary.rows_skipped == 4
+
+
+@NEEDS_RAY
+@pytest.mark.slow
+def test_an_input_error_inside_a_shard_exits_2_and_stops_every_shard(tmp_path, capsys):
+    # test-keynorm is registered in this process (tests/test_cli.py) but not in the workers: the driver's
+    # checks pass and each worker's runner refuses it, as with a method plugin installed on the head node only
+    out = tmp_path / "ray"
+    assert kvbench(*RUN, "--method", "test-keynorm", "--p", "0.5", "--limit", "2", "--ray", "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert "test-keynorm" in err and "Traceback" not in err
+    assert not rows_of(out)
+
+
+@NEEDS_RAY
+@pytest.mark.slow
+def test_a_shard_out_of_retries_is_reported_and_the_rerun_resumes_it(tmp_path):
+    out = tmp_path / "ray"
+    config = RunConfig(
+        methods=["full"], bench="needle", ps=[1.0], out=out, model="tiny-random", limit=4, length=900, threads=1
+    )
+    killed: list[int] = []
+
+    def kill_shard_1_after_its_first_context(progress):
+        state = progress.get(1)
+        if not killed and state and state.total and 1 <= state.done < state.total:
+            os.kill(state.pid, signal.SIGKILL)
+            killed.append(state.pid)
+
+    first = run_ray(config, RayOptions(workers=2, max_retries=0), on_poll=kill_shard_1_after_its_first_context)
+    assert killed and list(first.failed) == [1] and "shard 1/2 failed" in " ".join(describe(first, out))
+    done = Counter(key(r) for r in rows_of(out))
+    assert len(done) == 3 and set(done.values()) == {1}  # shard 0's two contexts and shard 1's first
+    second = run_ray(config, RayOptions(workers=2))
+    assert second.failed == {} and (second.rows_written, second.rows_skipped) == (1, 3)
+    counts = Counter(key(r) for r in rows_of(out))
+    assert len(counts) == 4 and set(counts.values()) == {1}
+
+
+def test_progress_hub_counts_attempts_and_drops_late_reports_of_a_dead_attempt():
+    hub = _ProgressHub()
+    hub.report(1, "a", 100, 0, None)
+    hub.report(1, "a", 100, 1, 3)
+    hub.report(0, "x", 200, 2, 2)
+    hub.report(1, "b", 101, 0, 3)  # the retry
+    hub.report(1, "a", 100, 2, 3)  # a report the dead attempt sent before it died, arriving late
+    hub.report(1, "b", 101, 1, 3)
+    snap = hub.snapshot()
+    assert snap[0] == ShardProgress(attempts=1, attempt="x", pid=200, done=2, total=2)
+    assert snap[1] == ShardProgress(attempts=2, attempt="b", pid=101, done=1, total=3)
+
+
+def test_summary_adds_up_the_shards_and_names_retried_and_failed_ones(tmp_path):
+    results = {0: RunSummary(rows_written=3, rows_skipped=1, contexts=2), 2: RunSummary(rows_written=1, contexts=1)}
+    state = {0: ShardProgress(attempts=1), 1: ShardProgress(attempts=1), 2: ShardProgress(attempts=3)}
+    summary = _summarize(results, {1: "WorkerCrashedError: died"}, state, 3)
+    assert (summary.rows_written, summary.rows_skipped, summary.contexts) == (4, 1, 3)
+    assert summary.retries == {2: 2} and summary.failed == {1: "WorkerCrashedError: died"}
+    lines = describe(summary, tmp_path)
+    assert "4 rows written, 1 already present, 3 contexts in 2 of 3 shards" in lines[0]
+    assert "shard 2/3 was retried 2 time(s)" in lines[1] and "shard 1/3 failed: WorkerCrashedError" in lines[2]
