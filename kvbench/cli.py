@@ -7,6 +7,7 @@ without a traceback.
 from __future__ import annotations
 
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -85,11 +86,24 @@ def run(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
     ),
     verbose: bool = typer.Option(False, "--verbose", help="Show every library warning in full."),
+    ray: Optional[str] = typer.Option(
+        None,
+        "--ray",
+        metavar="[ADDRESS]",
+        help="Run the contexts as --workers shards on Ray: alone, a local Ray; ADDRESS (auto, host:6379, "
+        "ray://host:10001) joins a cluster. Needs the extra: pip install -e '.\\[ray]'.",
+    ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="With --ray: shards run at once (default 2)."),
+    gpus_per_worker: Optional[float] = typer.Option(
+        None, "--gpus-per-worker", help="With --ray: GPUs Ray gives each worker (with --device cuda)."
+    ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
     from kvbench.engines.hf_adapters import quiet_kernel_warnings
 
     quiet_kernel_warnings().verbose = verbose
+    if ray is None and (workers is not None or gpus_per_worker is not None):
+        raise KvbenchError("--workers and --gpus-per-worker apply to --ray runs: add --ray")
     if data_dir is not None:
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
@@ -113,7 +127,26 @@ def run(
         dtype=dtype,
         threads=threads,
     )
-    summary = run_models(config, _split(model) or [None], console=err_console)
+    models = _split(model) or [None]
+    if ray is not None:
+        from dataclasses import replace
+
+        from kvbench.distributed import RayOptions, describe, run_ray
+        from kvbench.runner import check_models
+
+        check_models(models)
+        given = {"workers": workers, "gpus_per_worker": gpus_per_worker}
+        options = RayOptions(address=ray, **{k: v for k, v in given.items() if v is not None})
+        failed = False
+        for name in models:  # one model after another, like a plain run
+            ray_summary = run_ray(replace(config, model=name), options, console=err_console)
+            for line in describe(ray_summary, out):
+                err_console.print(line, soft_wrap=True)
+            failed = failed or bool(ray_summary.failed)
+        if failed:
+            raise typer.Exit(1)
+        return
+    summary = run_models(config, models, console=err_console)
     err_console.print(
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
         f"{summary.contexts} contexts -> {summary.path}",
@@ -444,11 +477,23 @@ except ImportError:  # older typer: click's
 USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 
 
+def _bare_option(args: list[str], option: str, value: str) -> list[str]:
+    """``args`` with ``value`` after each ``option`` given without one (last, or followed by an option):
+    ``--ray`` alone means ``--ray local`` (typer has no options with an optional value)."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == option and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(value)
+    return out
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
     from kvbench.engines.hf_adapters import quiet_kernel_warnings
 
     quiet_kernel_warnings()
+    sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")
     try:
         code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
     except KvbenchError as exc:

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from rich.console import Console
@@ -276,17 +276,24 @@ def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu"):
     return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
 
 
-def run(config: RunConfig, console: Console | None = None, lm: LoadedModel | None = None) -> RunSummary:
+def run(
+    config: RunConfig,
+    console: Console | None = None,
+    lm: LoadedModel | None = None,
+    on_progress: Callable[[RunSummary, int], None] | None = None,
+) -> RunSummary:
     """Execute ``config``; rows go to ``config.out/results_name(config.shard)`` as they finish. Every check
-    that can fail on the user's input runs before the manifest or any row is written."""
+    that can fail on the user's input runs before the manifest or any row is written. ``on_progress(summary,
+    total)`` (optional) is called once the shard's ``total`` contexts are known and after each context."""
     console = console or Console(stderr=True)
     plan = validate(config)
     _engine_dtype(config)
     with ResultsStore(config.out, config.shard) as store:
-        return _run_locked(config, console, lm, plan, store)
+        return _run_locked(config, console, lm, plan, store, on_progress)
 
 
-def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, plan, store: ResultsStore) -> RunSummary:
+def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, plan, store: ResultsStore,
+                on_progress=None) -> RunSummary:  # fmt: skip
     """``run`` with the results file open and locked."""
     summary = RunSummary(recovered=store.recovered, path=store.path)
     if store.recovered:
@@ -309,6 +316,8 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
     store.write_manifest(manifest_entry(config, lm))
     engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
+    if on_progress:
+        on_progress(summary, len(contexts))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=False) as progress:
@@ -318,6 +327,8 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
                 _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1
                 progress.advance(bar)
+                if on_progress:
+                    on_progress(summary, len(contexts))
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted: {summary.rows_written} new rows are saved in {store.path}; rerun the same "
