@@ -165,3 +165,21 @@ def test_scores_on_the_shipped_model_equal_the_saved_ones():
     for p in (0.9, 0.5, 0.1):
         ours, before = method.select(parent, scores, p, "global"), method.select(parent, saved["scores"], p, "global")
         assert all(torch.equal(x, y) for a, b in zip(ours, before, strict=True) for x, y in zip(a, b, strict=True))
+
+
+def test_cost_reports_scoring_ratio_and_global_storage(tmp_path):
+    """``kvbench cost``: KVzip's scoring / prefill and, for its global children at p = 0.5 and 0.1, stored bytes
+    equal to the kept entries' bytes (ragged storage) and the padded layout's bytes from the same kept sets."""
+    import json
+
+    from tests.test_cli import kvbench
+
+    out = tmp_path / "cost.json"
+    assert kvbench("cost", "--method", "kvzip,random", "--model", "tiny-random", "--lengths", "200",
+                   "--repeats", "1", "--out", str(out)) == 0  # fmt: skip
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    kv = rows["kvzip"]
+    assert kv["ratio"] == pytest.approx(kv["score_s"] / kv["prefill_s"]) and rows["random"]["storage"] == []
+    assert [x["p"] for x in kv["storage"]] == [0.5, 0.1]
+    for x in kv["storage"]:
+        assert x["stored_bytes"] == x["needed_bytes"] <= x["padded_bytes"] and x["stored/needed"] == 1.0
