@@ -305,6 +305,16 @@ def cost(
     for r in rows:
         table.add_row(r.method, str(r.length), f"{r.prefill_s:.3f}", f"{r.score_s:.4f}", f"{r.ratio:.4f}")
     console.print(table)
+    if any(r.storage for r in rows):
+        storage = Table(title="global allocation: child storage against the kept entries' bytes")
+        for col in ("method", "length", "p", "stored / needed", "padded layout / needed"):
+            storage.add_column(col, justify="right")
+        for r in rows:
+            for x in r.storage:
+                storage.add_row(
+                    r.method, str(r.length), f"{x.p}", f"{x.stored_over_needed:.4f}", f"{x.padded_over_needed:.4f}"
+                )
+        console.print(storage)
     meta = {"model": lm.name, "fingerprint": lm.fingerprint, "repeats": repeats, "threads": torch.get_num_threads()}
     err_console.print(f"written to {save_cost(rows, out, meta)}")
 

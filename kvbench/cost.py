@@ -2,6 +2,11 @@
 
 For each length, one random context is prefilled ``repeats + 1`` times (the first is a warm-up); every
 method scores each parent. Medians are reported, all measured side by side in one process.
+
+Storage of the ``global`` allocation (per-head counts differ): for each method whose default allocation is
+``global``, its last scores are selected at ``STORAGE_P`` and forked; the child's ``stored_bytes`` is set
+against the bytes its kept entries need and against what a layout padded to each layer's widest head
+would store.
 """
 
 from __future__ import annotations
@@ -18,6 +23,27 @@ import torch
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import get_method
 
+STORAGE_P = (0.5, 0.1)
+
+
+@dataclass(frozen=True)
+class StorageRow:
+    """Bytes of one ``global`` child: stored (measured on the child), needed (kept entries x K+V bytes per
+    entry), padded (each layer's widest head times its KV heads)."""
+
+    p: float
+    stored_bytes: int
+    needed_bytes: int
+    padded_bytes: int
+
+    @property
+    def stored_over_needed(self) -> float:
+        return self.stored_bytes / self.needed_bytes
+
+    @property
+    def padded_over_needed(self) -> float:
+        return self.padded_bytes / self.needed_bytes
+
 
 @dataclass(frozen=True)
 class CostRow:
@@ -25,10 +51,26 @@ class CostRow:
     length: int
     prefill_s: float
     score_s: float
+    storage: tuple[StorageRow, ...] = ()
 
     @property
     def ratio(self) -> float:
         return self.score_s / self.prefill_s
+
+
+def measure_storage(
+    parent, method, scores: Sequence[torch.Tensor], ps: Sequence[float] = STORAGE_P
+) -> list[StorageRow]:
+    """Fork ``parent`` with ``method``'s ``global`` selection of ``scores`` at each p; bytes per child."""
+    entry_bytes = 2 * parent.head_dim * parent.keys(0).element_size()
+    rows = []
+    for p in ps:
+        kept = method.select(parent, scores, p, "global")
+        child = parent.fork(kept)
+        padded = sum(max(len(idx) for idx in heads) * len(heads) for heads in kept) * entry_bytes
+        rows.append(StorageRow(p, child.stats.stored_bytes, child.stats.kept_entries * entry_bytes, padded))
+        child.release()
+    return rows
 
 
 def measure_cost(
@@ -43,24 +85,44 @@ def measure_cost(
         ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed + n)).tolist()
         prefill: list[float] = []
         scoring: dict[str, list[float]] = {m.name: [] for m in instances}
+        storage: dict[str, tuple[StorageRow, ...]] = {}
         for rep in range(repeats + 1):
             parent = engine.prefill(ids, prot=min(64, n // 2), query_window=window)
             for method in instances:
                 start = time.perf_counter()
-                method.score(parent)
+                scores = method.score(parent)
                 if rep:
                     scoring[method.name].append(time.perf_counter() - start)
+                if rep == repeats and method.default_allocation == "global":
+                    storage[method.name] = tuple(measure_storage(parent, method, scores))
             if rep:
                 prefill.append(parent.prefill_seconds)
             parent.release()
         for method in instances:
-            rows.append(CostRow(method.name, n, statistics.median(prefill), statistics.median(scoring[method.name])))
+            med = statistics.median
+            rows.append(
+                CostRow(method.name, n, med(prefill), med(scoring[method.name]), storage.get(method.name, ()))
+            )
     return rows
 
 
 def save_cost(rows: Sequence[CostRow], path: Path, meta: dict) -> Path:
-    """Write ``{"meta": …, "rows": [{method, length, prefill_s, score_s, ratio}]}`` as JSON."""
+    """Write ``{"meta": …, "rows": [{method, length, prefill_s, score_s, ratio, storage: [{p, stored_bytes,
+    needed_bytes, padded_bytes, stored/needed, padded/needed}]}]}`` as JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "rows": [{**asdict(r), "ratio": r.ratio} for r in rows]}
+    data = {
+        "meta": meta,
+        "rows": [
+            {
+                **asdict(r),
+                "ratio": r.ratio,
+                "storage": [
+                    {**asdict(x), "stored/needed": x.stored_over_needed, "padded/needed": x.padded_over_needed}
+                    for x in r.storage
+                ],
+            }
+            for r in rows
+        ],
+    }
     path.write_text(json.dumps(data, indent=2))
     return path

@@ -12,14 +12,19 @@ with the GDN states restored to the end of the context before every chunk and no
 parent (``parent.probe``). In every attention layer the probe's post-RoPE queries attend to the cached
 context keys and, causally, to the probe's own keys; the score of context entry ``i`` of chunk ``c`` is the
 maximum, over the query heads of its KV head and over all probe positions of chunk ``c``, of the softmax
-attention weight (float32) it receives. Scores are attention probabilities, comparable across layers, so
-the default allocation is ``global`` (one top-B over layer x head x token; counts may differ per head).
+attention weight it receives: ``exp(logit - lse)`` with the probe row's log-sum-exp ``lse`` (which the torch
+engine takes from the probe's own attention kernel), so only the chunk's logits are formed here. Scores
+are attention probabilities, comparable across layers, so the default allocation is ``global`` (one top-B
+over layer x head x token; counts may differ per head).
 
 Deviations from the reference, each deliberate:
 
 * the softmax runs over the whole cache (protected prefix + every context entry + the probe), exactly the
   distribution the real forward uses; the reference restricts the score softmax to
   [system prompt | chunk | probe];
+* the softmax is float32 whatever the model dtype (float32 logits of the chunk's keys minus a float32
+  log-sum-exp); the reference computes its score softmax in the model dtype (float32 only for a float32
+  model, e.g. the CPU default here);
 * the protected prefix (chat header + instruction, <= 256 tokens) plays the reference's system-prompt
   sink: it is never scored for eviction and always kept;
 * chunk size 2048 (kvpress; the reference uses 2000), 8 prefix tokens from the previous chunk as in both.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.engines.base import attention_logsumexp
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
 from kvbench.prompt import encode, template_parts
@@ -38,29 +44,28 @@ NEXT_PROMPT = "\n\nRepeat the part of the previous context exactly, starting wit
 
 
 def chunk_attention_max(
-    queries: torch.Tensor, ctx_keys: torch.Tensor, probe_keys: torch.Tensor, scale: float, block_elems: int = 1 << 26
+    queries: torch.Tensor, chunk_keys: torch.Tensor, lse: torch.Tensor, scale: float, block_elems: int = 1 << 26
 ) -> torch.Tensor:
-    """Max attention each context entry receives from a probe.
+    """Max attention weight each key of a context chunk receives from a probe.
 
-    queries ``[H, T, D]`` (probe positions), ctx_keys ``[H_kv, n, D]`` (cached context), probe_keys
-    ``[H_kv, T, D]``. Probe row ``t`` attends to all ``n`` context keys and probe keys ``0..t``. Returns
-    ``[H_kv, n]``: max over the query heads of each KV head and over ``t`` of the softmax weight (float32).
-    Query rows are processed in blocks of about ``block_elems`` logits to bound memory.
+    queries ``[H, T, D]`` (probe positions), chunk_keys ``[H_kv, c, D]`` (the chunk's cached keys, all visible
+    to every probe row), lse ``[H, T]``: each probe row's float32 log-sum-exp over every key it attends to
+    (the whole cache and the probe keys ``0..t``, see :func:`kvbench.engines.base.attention_logsumexp`).
+    The weight of key ``i`` for row ``t`` is ``exp(scale * q_t.k_i - lse_t)``, exactly the softmax entry of
+    the full distribution, so only the ``T x c`` logits of the chunk are formed. Returns ``[H_kv, c]``: max
+    over the query heads of each KV head and over ``t`` (float32). Rows go in blocks of about ``block_elems``.
     """
     H, T, _ = queries.shape
-    H_kv, n, _ = ctx_keys.shape
+    H_kv, c, _ = chunk_keys.shape
     group = H // H_kv
-    keys = torch.cat([ctx_keys, probe_keys], dim=1).float().repeat_interleave(group, 0)  # [H, n+T, D]
-    out = torch.zeros(H, n, dtype=torch.float32, device=queries.device)
-    rows = max(1, block_elems // (H * (n + T)))
+    keys = chunk_keys.float().repeat_interleave(group, 0)  # [H, c, D]
+    out = torch.zeros(H, c, dtype=torch.float32, device=queries.device)
+    rows = max(1, block_elems // (H * max(c, 1)))
     for start in range(0, T, rows):
-        q = queries[:, start : start + rows].float()  # [H, r, D]
-        logits = torch.einsum("hrd,hkd->hrk", q, keys) * scale
-        r = q.shape[1]
-        future = torch.arange(T, device=q.device)[None, :] > torch.arange(start, start + r, device=q.device)[:, None]
-        logits[:, :, n:].masked_fill_(future[None], float("-inf"))
-        out = torch.maximum(out, logits.softmax(-1)[:, :, :n].amax(1))
-    return out.view(H_kv, group, n).amax(1)
+        logits = torch.einsum("hrd,hkd->hrk", queries[:, start : start + rows].float(), keys) * scale
+        weights = (logits - lse[:, start : start + rows, None].to(logits.device)).exp_()
+        out = torch.maximum(out, weights.amax(1))
+    return out.view(H_kv, group, c).amax(1)
 
 
 @register_method
@@ -94,7 +99,17 @@ class KVzip(EvictionMethod):
         scores = [torch.zeros(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)]
         scale = parent.head_dim**-0.5
         for start, end, probe in self.probes(parent):
-            for f, (queries, probe_keys) in enumerate(parent.probe(probe)):
-                got = chunk_attention_max(queries, parent.keys(f), probe_keys, scale)
-                scores[f][:, start:end] = got[:, start:end].to(scores[f].device)
+            for f, layer in enumerate(parent.probe(probe)):
+                queries, probe_keys = layer[0], layer[1]
+                lse = layer[2] if len(layer) > 2 else self._lse(parent.keys(f), queries, probe_keys, scale)
+                got = chunk_attention_max(queries, parent.keys(f)[:, start:end], lse, scale)
+                scores[f][:, start:end] = got.to(scores[f].device)
         return scores
+
+    @staticmethod
+    def _lse(ctx_keys: torch.Tensor, queries: torch.Tensor, probe_keys: torch.Tensor, scale: float) -> torch.Tensor:
+        """Probe rows' log-sum-exp for engines whose probe does not return it: every context key plus the
+        probe keys ``0..t`` (a full pass over the logits, as costly as the attention itself)."""
+        n, T = ctx_keys.shape[1], probe_keys.shape[1]
+        visible = torch.ones(T, n + T, dtype=torch.bool, device=queries.device).tril(n)
+        return attention_logsumexp(queries, torch.cat([ctx_keys, probe_keys], 1), visible, scale)

@@ -8,15 +8,18 @@ against code kvbench does not own.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from kvbench import budgets
-from kvbench.engines.torch_engine import ATTN_IMPL, TorchEngine, kvbench_sdpa
+from kvbench.engines.torch_engine import ATTN_IMPL, RaggedKV, TorchEngine, kvbench_sdpa
 from kvbench.errors import KvbenchError, ProtocolError
+from kvbench.runner import RunConfig
 from tests.conftest import tiny_model
+from tests.fakes import MaskingTorchEngine
 
 N_CTX = 300  # not a multiple of the GDN chunk (64): same-split references must still match exactly
 Q_IDS = [17, 23, 5, 99, 42, 7, 31]
@@ -170,9 +173,10 @@ def test_per_head_index_sets_equal_counts(family, engine):
     torch.testing.assert_close(got.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
 
 
-def test_unequal_per_head_counts_are_padded_and_masked(family, engine):
-    """Heads keeping different counts (global allocation): padded storage, masked padding. Reference:
-    stock SDPA with an explicit per-head 4-D mask over the same padded cache."""
+def test_unequal_per_head_counts_are_stored_ragged(family, engine):
+    """Heads keeping different counts (global allocation): stored without padding (exactly the kept bytes),
+    answers token-identical to the padded path. Reference: stock SDPA with an explicit per-head 4-D mask over
+    the cache padded to the largest head (what the torch engine stored before)."""
     ids = _ids(N_CTX, seed=5)
     parent = engine.prefill(ids, prot=0)
     g = torch.Generator().manual_seed(2)
@@ -180,7 +184,10 @@ def test_unequal_per_head_counts_are_padded_and_masked(family, engine):
     heads = [torch.sort(torch.randperm(parent.n, generator=g)[:s]).values for s in sizes]
     kept = [heads for _ in range(parent.n_attn_layers)]  # same sets in every layer: one mask serves all
     child = parent.fork(kept)
-    assert child.stats.padded and child.stats.kept_entries == sum(sizes) * parent.n_attn_layers
+    s = child.stats
+    assert s.kept_entries == sum(sizes) * parent.n_attn_layers and not s.padded and s.real_fork
+    entry_bytes = 2 * parent.head_dim * parent.keys(0).element_size()
+    assert s.stored_bytes == s.kept_entries * entry_bytes  # no padding: exactly the kept entries
     got = _answer(child, parent.sha256)
 
     width = max(sizes)
@@ -203,27 +210,31 @@ def test_unequal_per_head_counts_are_padded_and_masked(family, engine):
     torch.testing.assert_close(got.step_logits, ref_logits, atol=2e-4, rtol=1e-4)
 
 
-def test_attention_function_against_explicit_softmax():
-    """kvbench_sdpa with per-head key validity == an explicit per-head softmax loop."""
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_ragged_attention_against_explicit_softmax(q_len):
+    """Ragged per-head attention == an explicit per-head softmax over that head's kept entries then the
+    entries fed after the context (bottom-right causal), one head keeping nothing."""
     torch.manual_seed(0)
-    H, H_kv, q_len, S, extra, D = 4, 2, 3, 6, 3, 8
-    kv = S + extra
-    query, key, value = torch.randn(1, H, q_len, D), torch.randn(1, H_kv, kv, D), torch.randn(1, H_kv, kv, D)
-    valid = torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    H, H_kv, extra, D = 4, 2, 3, 8
+    counts = [0, 5]
+    packed_k, packed_v = torch.randn(sum(counts), D), torch.randn(sum(counts), D)
+    ragged = RaggedKV(packed_k, packed_v, counts)
+    query, key, value = torch.randn(1, H, q_len, D), torch.randn(1, H_kv, extra, D), torch.randn(1, H_kv, extra, D)
 
     class Mod:
-        kvbench_key_mask = valid
+        kvbench_ragged = ragged
         kvbench_query_sink = None
 
     out, _ = kvbench_sdpa(Mod(), query, key, value, None, scaling=D**-0.5)
+    offsets = [0, counts[0], sum(counts)]
     for h in range(H):
         kvh = h // (H // H_kv)
+        keys = torch.cat([packed_k[offsets[kvh] : offsets[kvh + 1]], key[0, kvh]])
+        values = torch.cat([packed_v[offsets[kvh] : offsets[kvh + 1]], value[0, kvh]])
         for t in range(q_len):
-            visible = [j for j in range(kv) if (j >= S or valid[kvh, j]) and j <= kv - q_len + t]
-            logits = torch.stack([query[0, h, t] @ key[0, kvh, j] * D**-0.5 for j in visible])
-            w = torch.softmax(logits, 0)
-            expected = sum(w[i] * value[0, kvh, j] for i, j in enumerate(visible))
-            torch.testing.assert_close(out[0, t, h], expected, atol=1e-5, rtol=1e-5)
+            visible = len(keys) - q_len + t + 1
+            w = torch.softmax(keys[:visible] @ query[0, h, t] * D**-0.5, 0)
+            torch.testing.assert_close(out[0, t, h], w @ values[:visible], atol=1e-5, rtol=1e-5)
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -239,6 +250,55 @@ def test_bytes_freed_match_evicted_share(engine, p):
     assert s.stored_bytes * parent.n == s.full_bytes * (parent.prot + k)
     assert s.freed_bytes == s.full_bytes - s.stored_bytes > 0
     assert s.kept_entries == (parent.prot + k) * parent.n_kv_heads * parent.n_attn_layers
+    assert s.real_fork and not s.padded
+
+
+def test_global_allocation_stores_exactly_the_kept_bytes(engine):
+    """A real run's skew: KVzip scores, global allocation at p = 0.5 and 0.1; per-head counts differ and the
+    child's storage is the kept entries' bytes (the padded layout would store each layer's widest head)."""
+    from kvbench.methods import get_method
+    from kvbench.models import byte_tokenizer
+
+    engine = TorchEngine(engine.model, byte_tokenizer())
+    parent = engine.prefill(_ids(N_CTX, seed=9), prot=8)
+    method = get_method("kvzip")
+    method.chunk_size = 128
+    scores = method.score(parent)
+    entry_bytes = 2 * parent.head_dim * parent.keys(0).element_size()
+    for p in (0.5, 0.1):
+        kept = method.select(parent, scores, p, "global")
+        padded = sum(max(len(i) for i in heads) * len(heads) for heads in kept) * entry_bytes
+        child = parent.fork(kept)
+        s = child.stats
+        assert s.real_fork and s.stored_bytes == s.kept_entries * entry_bytes < padded
+        child.release()
+
+
+def test_masking_engine_forks_are_not_real_and_reports_exclude_them(tmp_path, monkeypatch):
+    """An engine that only masks (tests/fakes.py) answers like a real fork, but its child holds the parent's
+    storage: real_fork is false in its stats, in the rows the runner writes, and the report drops them."""
+    from kvbench import runner
+    from kvbench.models import load_model
+    from kvbench.report import render_markdown, summarize
+
+    lm = load_model("tiny-random")
+    masking, real = MaskingTorchEngine(lm.model, lm.tokenizer), TorchEngine(lm.model, lm.tokenizer)
+    ids = _ids(N_CTX, seed=10)
+    scores = [torch.rand(2, N_CTX, generator=torch.Generator().manual_seed(3)) for _ in range(3)]
+    kept = budgets.select_per_head(scores, [100] * 3, 4)
+    children = [eng.prefill(ids, prot=4).fork(kept) for eng in (masking, real)]
+    (masked_answer, real_answer) = (_answer(c, c.parent.sha256) for c in children)
+    assert masked_answer.token_ids == real_answer.token_ids
+    assert not children[0].stats.real_fork and children[1].stats.real_fork
+
+    out = tmp_path / "run"
+    config = RunConfig(methods=["random"], bench="needle", ps=[0.5], out=out, model="tiny-random", limit=1, length=900)
+    monkeypatch.setattr(runner, "make_engine", lambda *a, **k: MaskingTorchEngine(lm.model, lm.tokenizer))
+    runner.run(config, lm=lm)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert rows and all(r["real_fork"] is False for r in rows)
+    assert summarize(rows).empty
+    assert f"0 rows used ({len(rows)} excluded: not a real compacted fork)" in render_markdown(rows)
 
 
 # --- signals, gates, queries ------------------------------------------------------------------------------

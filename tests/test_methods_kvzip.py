@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import copy
+import math
+from pathlib import Path
 
+import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from kvbench.engines.torch_engine import TorchEngine
+from kvbench.engines.base import attention_logsumexp
+from kvbench.engines.torch_engine import TorchEngine, _sdpa_with_lse
 from kvbench.methods import get_method
 from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chunk_attention_max
-from kvbench.models import byte_tokenizer
+from kvbench.models import byte_tokenizer, load_model
 from tests.conftest import tiny_model
 
 
 def test_chunk_attention_max_against_explicit_softmax():
+    """The chunk's weights exp(logit - lse) == the entries of the softmax over the whole cache + causal probe."""
     g = torch.Generator().manual_seed(0)
-    H, H_kv, n, T, D = 4, 2, 7, 3, 5
+    H, H_kv, n, T, D, a, b = 4, 2, 7, 3, 5, 2, 6
     q, kc, kp = (
         torch.randn(H, T, D, generator=g),
         torch.randn(H_kv, n, D, generator=g),
         torch.randn(H_kv, T, D, generator=g),
     )
-    got = chunk_attention_max(q, kc, kp, 0.3, block_elems=H * (n + T))  # one query row per block
+    visible = torch.ones(T, n + T, dtype=torch.bool).tril(n)
+    lse = attention_logsumexp(q, torch.cat([kc, kp], 1), visible, 0.3)
+    got = chunk_attention_max(q, kc[:, a:b], lse, 0.3, block_elems=H * (b - a))  # one query row per block
     expected = torch.zeros(H_kv, n)
     for h in range(H):
         kvh = h // 2
@@ -30,7 +38,42 @@ def test_chunk_attention_max_against_explicit_softmax():
             keys = torch.cat([kc[kvh], kp[kvh, : t + 1]])
             w = torch.softmax(keys @ q[h, t] * 0.3, 0)
             expected[kvh] = torch.maximum(expected[kvh], w[:n])
-    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got, expected[:, a:b])
+
+
+def test_attention_logsumexp_against_explicit_loop():
+    g = torch.Generator().manual_seed(3)
+    H, H_kv, q_len, kv, D = 6, 3, 4, 9, 8
+    q, k = torch.randn(H, q_len, D, generator=g), torch.randn(H_kv, kv, D, generator=g)
+    visible = torch.rand(q_len, kv, generator=g) > 0.3
+    visible[:, 0] = True
+    got = attention_logsumexp(q, k, visible, 0.2, block_elems=H * kv)  # one row per block
+    for h in range(H):
+        for t in range(q_len):
+            logits = [float(q[h, t] @ k[h // 2, j]) * 0.2 for j in range(kv) if visible[t, j]]
+            assert got[h, t].item() == pytest.approx(math.log(sum(math.exp(x) for x in logits)), rel=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sdpa_with_lse_equals_sdpa_and_explicit_lse(fused):
+    """The probe's attention call: output == plain SDPA (bit-identical on the fused CPU kernel), lse == the
+    explicit log-sum-exp, for the bottom-right causal mask a probe uses and for a square causal block."""
+    g = torch.Generator().manual_seed(4)
+    H, H_kv, q_len, kv, D = 4, 2, 5, 12, 16
+    q = torch.randn(1, H, q_len, D, generator=g)
+    k, v = torch.randn(1, H_kv, kv, D, generator=g), torch.randn(1, H_kv, kv, D, generator=g)
+    mask = torch.ones(q_len, kv, dtype=torch.bool).tril(kv - q_len)
+    cases = [(q, k, v, mask, False), (q, k[:, :, :q_len], v[:, :, :q_len], None, True)]
+    for query, key, value, m, causal in cases:
+        out, lse = _sdpa_with_lse(query, key, value, m, causal, 0.25, fused=fused)
+        ref = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=m, is_causal=causal, scale=0.25, enable_gqa=True
+        )
+        if fused:
+            assert torch.equal(out, ref)
+        torch.testing.assert_close(out, ref)
+        visible = m if m is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
+        torch.testing.assert_close(lse[0], attention_logsumexp(query[0], key[0], visible, 0.25))
 
 
 def test_probes_follow_the_reference_prompts():
@@ -79,3 +122,64 @@ def test_kvzip_scores_equal_eager_attention_of_the_reconstruction_forward():
     for f in range(len(attn_ids)):
         torch.testing.assert_close(scores[f][:, 6:], expected[f][:, 6:], atol=2e-5, rtol=1e-4)
         assert bool((scores[f][:, :6] == 0).all())
+
+
+class _NoLseParent:
+    """A parent whose probe returns (queries, keys) only, like an engine whose kernel gives no log-sum-exp."""
+
+    def __init__(self, parent) -> None:
+        self._parent = parent
+
+    def __getattr__(self, name):
+        return getattr(self._parent, name)
+
+    def probe(self, token_ids):
+        return [layer[:2] for layer in self._parent.probe(token_ids)]
+
+
+def test_scores_are_the_same_when_the_engine_gives_no_lse():
+    engine = TorchEngine(tiny_model("qwen3_5"), byte_tokenizer())
+    parent = engine.prefill(torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(5)).tolist(), prot=4)
+    method = get_method("kvzip")
+    method.chunk_size = 30
+    with_lse, without = method.score(parent), method.score(_NoLseParent(parent))
+    for a, b in zip(with_lse, without, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "kvzip_scores_tiny_trained.pt"
+
+
+def test_scores_on_the_shipped_model_equal_the_saved_ones():
+    """Before/after: scores the previous implementation (full softmax per chunk) gave on the shipped model for
+    a fixed 2,600-token context (two chunks), saved in the fixture; same kept sets at every budget."""
+    saved = torch.load(FIXTURE)
+    lm = load_model("tiny-trained")
+    if lm.fingerprint != saved["fingerprint"]:
+        pytest.skip("the shipped tiny-trained changed after the fixture was saved (the eager test still checks)")
+    parent = TorchEngine(lm.model, lm.tokenizer).prefill(saved["token_ids"], prot=saved["prot"])
+    method = get_method("kvzip")
+    scores = method.score(parent)
+    for got, want in zip(scores, saved["scores"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
+    for p in (0.9, 0.5, 0.1):
+        ours, before = method.select(parent, scores, p, "global"), method.select(parent, saved["scores"], p, "global")
+        assert all(torch.equal(x, y) for a, b in zip(ours, before, strict=True) for x, y in zip(a, b, strict=True))
+
+
+def test_cost_reports_scoring_ratio_and_global_storage(tmp_path):
+    """``kvbench cost``: KVzip's scoring / prefill and, for its global children at p = 0.5 and 0.1, stored bytes
+    equal to the kept entries' bytes (ragged storage) and the padded layout's bytes from the same kept sets."""
+    import json
+
+    from tests.test_cli import kvbench
+
+    out = tmp_path / "cost.json"
+    assert kvbench("cost", "--method", "kvzip,random", "--model", "tiny-random", "--lengths", "200",
+                   "--repeats", "1", "--out", str(out)) == 0  # fmt: skip
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    kv = rows["kvzip"]
+    assert kv["ratio"] == pytest.approx(kv["score_s"] / kv["prefill_s"]) and rows["random"]["storage"] == []
+    assert [x["p"] for x in kv["storage"]] == [0.5, 0.1]
+    for x in kv["storage"]:
+        assert x["stored_bytes"] == x["needed_bytes"] <= x["padded_bytes"] and x["stored/needed"] == 1.0

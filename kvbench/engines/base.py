@@ -37,6 +37,47 @@ def check_context_sha(expected: str, given: str) -> None:
         )
 
 
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def is_real_fork(child: Sequence[torch.Tensor], parent: Sequence[torch.Tensor], kept_bytes: int) -> bool:
+    """Whether a child's attention K/V tensors are a real compacted copy: no child tensor's storage overlaps
+    any parent tensor's, and the child's storages (each counted once) hold exactly ``kept_bytes`` (the kept
+    entries' keys and values, no padding)."""
+    parent_ranges = [_byte_range(t) for t in parent]
+    seen: dict[int, int] = {}
+    for t in child:
+        lo, hi = _byte_range(t)
+        if any(lo < p_hi and p_lo < hi for p_lo, p_hi in parent_ranges):
+            return False
+        seen[lo] = hi - lo
+    return sum(seen.values()) == kept_bytes
+
+
+def attention_logsumexp(
+    queries: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float, block_elems: int = 1 << 26
+) -> torch.Tensor:
+    """Float32 log-sum-exp of each query row's scaled attention logits over the keys it sees.
+
+    queries ``[H, q, D]``, keys ``[H_kv, kv, D]`` (query head ``h`` reads KV head ``h // (H // H_kv)``),
+    visible ``[q, kv]`` bool (True = attended). Returns ``[H, q]``: ``log sum_j exp(scale * q.k_j)`` over the
+    visible ``j``, the normaliser of the softmax the attention applies. Rows are processed in blocks of
+    about ``block_elems`` logits to bound memory.
+    """
+    H, q_len, _ = queries.shape
+    H_kv, kv_len, _ = keys.shape
+    k = keys.float().repeat_interleave(H // H_kv, 0)  # [H, kv, D]
+    out = torch.empty(H, q_len, dtype=torch.float32, device=queries.device)
+    rows = max(1, block_elems // (H * kv_len))
+    for start in range(0, q_len, rows):
+        logits = torch.einsum("hrd,hkd->hrk", queries[:, start : start + rows].float(), k) * scale
+        logits.masked_fill_(~visible[None, start : start + rows], float("-inf"))
+        out[:, start : start + rows] = logits.logsumexp(-1)
+    return out
+
+
 @dataclass(frozen=True)
 class Answer:
     """A greedy answer. ``token_ids`` excludes the stop token; ``seconds`` is wall time."""
@@ -53,8 +94,10 @@ class ForkStats:
     """What a fork kept and what it stores, measured on the child's tensors.
 
     kept_entries / full_entries: (layer, KV head, token) entries, protected prefix included.
-    stored_bytes / full_bytes: bytes of the attention K and V storage of the child / parent
-    (padding included when per-head counts differ within a layer).
+    stored_bytes / full_bytes: bytes of the attention K and V storage of the child / parent (padding or
+    page slack included). padded: the child pads heads that keep fewer entries than others.
+    real_fork: derived by the engine from the child itself: its K/V storage is new (shares no memory with
+    the parent's) and holds exactly the kept entries (:func:`is_real_fork`); reports exclude other rows.
     """
 
     kept_entries: int
@@ -62,6 +105,7 @@ class ForkStats:
     stored_bytes: int
     full_bytes: int
     padded: bool
+    real_fork: bool
 
     @property
     def freed_bytes(self) -> int:
@@ -266,11 +310,13 @@ class ParentSession(Session):
         return None
 
     @abstractmethod
-    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
         """Feed ``token_ids`` after the full context on a throwaway cache (GDN states restored to the end
         of the context, positions ``n, n+1, …``); the parent is not changed. Returns, per attention layer
-        ordinal, the probe tokens' post-RoPE queries ``[H, T, D]`` and keys ``[H_kv, T, D]``. Used by
-        methods that run an extra pass (KVzip's reconstruction)."""
+        ordinal, the probe tokens' post-RoPE queries ``[H, T, D]`` and keys ``[H_kv, T, D]``, and where the
+        engine's attention kernel gives it, a third element: the float32 log-sum-exp ``[H, T]`` of each probe
+        row's scaled logits over the context and the probe keys ``0..t`` (:func:`attention_logsumexp` of the
+        same inputs). Used by methods that run an extra pass (KVzip's reconstruction)."""
 
     def _set_context(self, engine, token_ids: list[int], prot: int, attn_layer_ids, gdn_layer_ids, seconds: float):
         """The fields every parent holds: the context, its hash and protected prefix, the layer layout and

@@ -2,8 +2,9 @@
 
 * Attention runs through ``kvbench_sdpa`` (registered with transformers' ``AttentionInterface``): SDPA
   with a bottom-right causal mask, so every attention layer may hold a different number of cached entries
-  while a multi-token question is fed in one block, plus an optional per-KV-head validity mask for
-  children whose heads keep different counts (padded storage).
+  while a multi-token question is fed in one block. A child layer whose KV heads keep different counts is
+  stored ragged, without padding (:class:`RaggedKV`: one packed buffer, per-head offsets), and attended
+  with one SDPA call per KV head.
 * The parent's cache is never advanced: every answer builds a fresh cache whose attention layers point at
   the (compacted) K/V tensors and whose GDN layers are deep copies of the end-of-context snapshot, so each
   question starts from the same state.
@@ -29,7 +30,9 @@ from kvbench.engines.base import (
     ForkStats,
     GdnSignals,
     ParentSession,
+    attention_logsumexp,
     check_context_sha,
+    is_real_fork,
 )
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
@@ -38,33 +41,95 @@ ATTN_IMPL = "kvbench_sdpa"
 
 
 def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA with a bottom-right causal mask and optional per-KV-head key validity.
+    """SDPA with a bottom-right causal mask.
 
-    query ``[1, H, q, D]``; key/value ``[1, H_kv, kv, D]``. ``module.kvbench_key_mask`` (``[H_kv, S]``
-    bool, True = real entry) masks padding among the first ``S`` cached entries.
+    query ``[1, H, q, D]``; key/value ``[1, H_kv, kv, D]``. When ``module.kvbench_ragged`` holds a
+    :class:`RaggedKV` (a child layer whose heads keep different counts), key/value are only the entries
+    fed after the context and each KV head attends to its own kept entries followed by them.
     """
     sink = getattr(module, "kvbench_query_sink", None)
+    recorder = None
     if sink is not None:
         recorder, f = sink
         recorder.record_queries(f, query)
+    ragged = getattr(module, "kvbench_ragged", None)
+    if ragged is not None:
+        return _ragged_sdpa(query, key, value, ragged, scaling).transpose(1, 2).contiguous(), None
     q_len, kv_len = query.shape[2], key.shape[2]
     n_rep = query.shape[1] // key.shape[1]
-    key_mask = getattr(module, "kvbench_key_mask", None)
-    mask, is_causal = None, False
-    if key_mask is None:
-        if q_len == kv_len and q_len > 1:
-            is_causal = True
-        elif q_len > 1:
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    mask, is_causal = _causal(q_len, kv_len, query.device)
+    if getattr(recorder, "wants_lse", False):
+        out, lse = _sdpa_with_lse(query, key, value, mask, is_causal, scaling)
+        recorder.record_lse(f, lse[0])
     else:
-        valid = torch.ones(key.shape[1], kv_len, dtype=torch.bool, device=query.device)
-        valid[:, : key_mask.shape[1]] = key_mask
-        causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
-        mask = (causal[None] & valid[:, None, :]).repeat_interleave(n_rep, 0)[None]  # [1, H, q, kv]
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
-    )
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
+        )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _causal(q_len: int, kv_len: int, device) -> tuple[torch.Tensor | None, bool]:
+    """SDPA's ``(attn_mask, is_causal)`` for ``q_len`` queries that are the last of ``kv_len`` keys (bottom-right
+    causal): no mask for one query, ``is_causal`` when queries and keys coincide, else a ``[q, kv]`` bool mask."""
+    if q_len == kv_len and q_len > 1:
+        return None, True
+    if q_len > 1:
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len), False
+    return None, False
+
+
+def _ragged_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ragged: "RaggedKV", scale
+) -> torch.Tensor:
+    """Attention over ragged per-head storage: KV head ``h`` sees its ``counts[h]`` kept entries followed by
+    the ``t`` entries fed after the context (``key``/``value`` ``[1, H_kv, t, D]``), bottom-right causal.
+    query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA call per KV head (no padding anywhere)."""
+    H_kv = key.shape[1]
+    n_rep = query.shape[1] // H_kv
+    out = []
+    for h in range(H_kv):
+        k = torch.cat([ragged.head_keys(h), key[0, h]])[None, None]  # [1, 1, K_h + t, D]
+        v = torch.cat([ragged.head_values(h), value[0, h]])[None, None]
+        mask, is_causal = _causal(query.shape[2], k.shape[2], query.device)
+        q = query[:, h * n_rep : (h + 1) * n_rep]
+        out.append(
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True)
+        )
+    return torch.cat(out, 1)
+
+
+def _sdpa_with_lse(
+    query, key, value, mask, is_causal, scale, fused: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output of ``F.scaled_dot_product_attention`` (bit-identical on CPU) and the float32 log-sum-exp of
+    every query row's scaled logits over the keys it attends to, ``[1, H, q]``.
+
+    query ``[1, H, q, D]``, key/value ``[1, H_kv, kv, D]``, mask ``[q, kv]`` bool (True = attend) or None.
+    On CPU one call of the flash kernel that SDPA itself dispatches to returns both, so the log-sum-exp costs
+    nothing extra; elsewhere SDPA runs as usual and :func:`attention_logsumexp` recomputes it (same value).
+    ``fused`` overrides that choice (tests).
+    """
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    if fused is None:
+        fused = query.device.type == "cpu"
+    if fused:
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=bias, scale=scale
+        )
+        return out, lse.float()
+    n_rep = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=n_rep > 1
+    )
+    q_len, kv_len = query.shape[2], key.shape[2]
+    visible = mask if mask is not None else torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
+    if mask is None and is_causal:
+        visible = visible.tril(kv_len - q_len)
+    return out, attention_logsumexp(query[0], key[0], visible, scale)[None]
 
 
 AttentionInterface.register(ATTN_IMPL, kvbench_sdpa)
@@ -72,6 +137,30 @@ AttentionInterface.register(ATTN_IMPL, kvbench_sdpa)
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
+
+
+class RaggedKV:
+    """A child attention layer whose KV heads keep different counts, stored without padding.
+
+    keys / values ``[sum(counts), D]``: head ``h``'s kept entries (in position order) at rows
+    ``offsets[h] .. offsets[h] + counts[h] - 1``.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: Sequence[int]) -> None:
+        self.keys, self.values, self.counts = keys, values, list(counts)
+        self.offsets = [0]
+        for c in self.counts:
+            self.offsets.append(self.offsets[-1] + c)
+
+    def head_keys(self, h: int) -> torch.Tensor:
+        """``[counts[h], D]``, a view into :attr:`keys`."""
+        return self.keys[self.offsets[h] : self.offsets[h + 1]]
+
+    def head_values(self, h: int) -> torch.Tensor:
+        return self.values[self.offsets[h] : self.offsets[h + 1]]
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
 
 
 class TorchEngine(EngineBase):
@@ -120,7 +209,7 @@ class TorchEngine(EngineBase):
         return next(self.model.parameters()).device
 
     def _check_attention(self) -> None:
-        # Padding masks and query recording live in kvbench_sdpa: never run silently without it.
+        # Ragged per-head attention and query recording live in kvbench_sdpa: never run silently without it.
         if self.model.config._attn_implementation != ATTN_IMPL:
             raise KvbenchError(
                 f"the model's attention implementation was changed to {self.model.config._attn_implementation!r}; "
@@ -155,31 +244,41 @@ class TorchEngine(EngineBase):
         return parent
 
     @contextmanager
-    def _key_masks(self, masks: Sequence[torch.Tensor | None]) -> Iterator[None]:
-        for module, mask in zip(self.adapter.attn, masks, strict=True):
-            module.kvbench_key_mask = mask
+    def _ragged_layers(self, attn_kv: Sequence) -> Iterator[None]:
+        """Point every attention module at its layer's :class:`RaggedKV` (None for dense layers)."""
+        for module, kv in zip(self.adapter.attn, attn_kv, strict=True):
+            module.kvbench_ragged = kv if isinstance(kv, RaggedKV) else None
         try:
             yield
         finally:
             for module in self.adapter.attn:
-                module.kvbench_key_mask = None
+                module.kvbench_ragged = None
 
     @staticmethod
-    def _working_cache(parent: TorchParent, attn_kv: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    def _working_cache(parent: TorchParent, attn_kv: Sequence):
         """A fresh cache: attention layers point at ``attn_kv`` (never written in place: DynamicLayer.update
-        concatenates), GDN layers are deep copies of the parent's end-of-context snapshot."""
+        concatenates), GDN layers are deep copies of the parent's end-of-context snapshot. A ragged layer's
+        cache starts empty: it collects only what is fed after the context (``kvbench_sdpa`` adds the kept
+        entries per head)."""
         cache = copy.copy(parent.cache)
         cache.layers = list(parent.cache.layers)
         for f, layer_idx in enumerate(parent.attn_layer_ids):
             layer = copy.copy(parent.cache.layers[layer_idx])
-            layer.keys, layer.values = attn_kv[f]
+            kv = attn_kv[f]
+            if isinstance(kv, RaggedKV):
+                empty = kv.keys.new_empty(1, len(kv.counts), 0, kv.keys.shape[-1])
+                layer.keys, layer.values = empty, empty.clone()
+            else:
+                layer.keys, layer.values = kv
             cache.layers[layer_idx] = layer
         for layer_idx in parent.gdn_layer_ids:
             cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
         return cache
 
     @torch.no_grad()
-    def _probe(self, parent: TorchParent, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _probe(
+        self, parent: TorchParent, token_ids: Sequence[int]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         self._check_attention()
         if len(token_ids) == 0:
             raise KvbenchError("empty probe: nothing to feed after the context")
@@ -199,14 +298,15 @@ class TorchEngine(EngineBase):
         finally:
             for module in self.adapter.attn:
                 module.kvbench_query_sink = None
-        return [(sink.queries[f], cache.layers[i].keys[0, :, -T:]) for f, i in enumerate(parent.attn_layer_ids)]
+        return [
+            (sink.queries[f], cache.layers[i].keys[0, :, -T:], sink.lse[f]) for f, i in enumerate(parent.attn_layer_ids)
+        ]
 
     @torch.no_grad()
     def _answer(
         self,
         parent: TorchParent,
-        attn_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        masks: Sequence[torch.Tensor | None],
+        attn_kv: Sequence,
         question_ids: Sequence[int],
         max_new_tokens: int,
         stop_ids: Sequence[int] | None,
@@ -220,7 +320,7 @@ class TorchEngine(EngineBase):
         device = self.device
         pos = parent.n
         start = time.perf_counter()
-        with self._key_masks(masks):
+        with self._ragged_layers(attn_kv):
             q = torch.tensor([list(question_ids)], device=device)
             out = self.model(
                 input_ids=q,
@@ -247,13 +347,20 @@ class TorchEngine(EngineBase):
 
 
 class _QuerySink:
-    """Receives every query an attention layer computes (``kvbench_sdpa`` calls ``record_queries``)."""
+    """Receives every query an attention layer computes and the log-sum-exp of its attention logits
+    (``kvbench_sdpa`` calls ``record_queries`` and, as ``wants_lse`` is set, ``record_lse``)."""
+
+    wants_lse = True
 
     def __init__(self, n_layers: int) -> None:
         self.queries: list[torch.Tensor | None] = [None] * n_layers
+        self.lse: list[torch.Tensor | None] = [None] * n_layers
 
     def record_queries(self, f: int, query: torch.Tensor) -> None:
         self.queries[f] = query.detach()[0]
+
+    def record_lse(self, f: int, lse: torch.Tensor) -> None:
+        self.lse[f] = lse.detach()
 
 
 class TorchParent(ParentSession):
@@ -294,10 +401,7 @@ class TorchParent(ParentSession):
     ) -> Answer:
         self._check_live()
         check_context_sha(self.sha256, context_sha256)
-        masks = [None] * self.n_attn_layers
-        return self.engine._answer(
-            self, self._full_kv(), masks, question_ids, max_new_tokens, stop_ids, return_logits
-        )
+        return self.engine._answer(self, self._full_kv(), question_ids, max_new_tokens, stop_ids, return_logits)
 
     @property
     def tokenizer(self):
@@ -307,7 +411,7 @@ class TorchParent(ParentSession):
     def model_fingerprint(self) -> str:
         return self.engine.fingerprint
 
-    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def probe(self, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         self._check_live()
         return self.engine._probe(self, token_ids)
 
@@ -320,41 +424,37 @@ class TorchParent(ParentSession):
             )
         self.validate_kept(kept)
         start = time.perf_counter()
-        device = self.engine.device
-        layers, masks = [], []
-        kept_entries = stored = full = 0
-        padded = False
-        for heads, (keys, values) in zip(kept, self._full_kv(), strict=False):  # keys/values [1, H_kv, n, D]
-            counts = [len(idx) for idx in heads]
-            width = max(counts)
-            index = torch.zeros(self.n_kv_heads, width, dtype=torch.long, device=device)
-            mask = None
-            if min(counts) != width:
-                padded = True
-                mask = torch.zeros(self.n_kv_heads, width, dtype=torch.bool, device=device)
-            for h, idx in enumerate(heads):
-                index[h, : len(idx)] = idx.to(device)
-                if mask is not None:
-                    mask[h, : len(idx)] = True
-            gather = index[None, :, :, None].expand(1, -1, -1, self.head_dim)
-            child_keys = keys.gather(2, gather)
-            child_values = values.gather(2, gather)
-            if mask is not None:
-                child_keys.masked_fill_(~mask[None, :, :, None], 0)
-                child_values.masked_fill_(~mask[None, :, :, None], 0)
-            layers.append((child_keys, child_values))
-            masks.append(mask)
-            kept_entries += sum(counts)
-            stored += _storage_bytes(child_keys) + _storage_bytes(child_values)
-            full += _storage_bytes(keys) + _storage_bytes(values)
-        stats = ForkStats(
+        layers = [self._compact(heads, k, v) for heads, (k, v) in zip(kept, self._full_kv(), strict=True)]
+        stats = self._fork_stats(kept, layers)
+        return self._adopt(TorchChild(self, self.engine._new_id(), layers, stats, time.perf_counter() - start))
+
+    def _compact(self, heads: Sequence[torch.Tensor], keys: torch.Tensor, values: torch.Tensor):
+        """One layer's kept entries in new storage: keys/values ``[1, H_kv, n, D]`` -> ``[1, H_kv, K, D]`` when
+        every head keeps ``K``, else a :class:`RaggedKV` (packed, no padding)."""
+        device = keys.device
+        counts = [len(idx) for idx in heads]
+        head_of = torch.repeat_interleave(torch.arange(len(heads), device=device), torch.tensor(counts, device=device))
+        pos = torch.cat([idx.to(device) for idx in heads])
+        child_keys, child_values = keys[0][head_of, pos], values[0][head_of, pos]  # [sum(counts), D], new storage
+        if len(set(counts)) == 1:
+            shape = (1, len(heads), counts[0], keys.shape[-1])
+            return child_keys.view(shape), child_values.view(shape)
+        return RaggedKV(child_keys, child_values, counts)
+
+    def _fork_stats(self, kept: Sequence[Sequence[torch.Tensor]], layers: Sequence) -> ForkStats:
+        """What the child holds, measured on its own tensors; ``real_fork`` from :func:`is_real_fork`."""
+        child = [t for kv in layers for t in (kv.tensors() if isinstance(kv, RaggedKV) else kv)]
+        parent = [t for kv in self._full_kv() for t in kv]
+        kept_entries = sum(len(idx) for heads in kept for idx in heads)
+        entry_bytes = 2 * self.head_dim * parent[0].element_size()  # one key and one value
+        return ForkStats(
             kept_entries=kept_entries,
             full_entries=self.n * self.n_kv_heads * self.n_attn_layers,
-            stored_bytes=stored,
-            full_bytes=full,
-            padded=padded,
+            stored_bytes=sum(_storage_bytes(t) for t in child),
+            full_bytes=sum(_storage_bytes(t) for t in parent),
+            padded=False,
+            real_fork=is_real_fork(child, parent, kept_entries * entry_bytes),
         )
-        return self._adopt(TorchChild(self, self.engine._new_id(), layers, masks, stats, time.perf_counter() - start))
 
     def release(self) -> None:
         if self._released:
@@ -367,25 +467,24 @@ class TorchParent(ParentSession):
 
 
 class TorchChild(ChildSession):
-    """Compacted child: ``layers[f] = (keys, values)`` each ``[1, H_kv, K_f, D]`` (padded when per-head
-    counts differ, with ``masks[f]`` ``[H_kv, K_f]`` marking real entries)."""
+    """Compacted child: ``layers[f]`` is ``(keys, values)`` each ``[1, H_kv, K_f, D]`` when every KV head of
+    layer ``f`` keeps ``K_f`` entries, else a :class:`RaggedKV` (per-head counts, no padding)."""
 
-    def __init__(self, parent: TorchParent, session_id, layers, masks, stats: ForkStats, fork_seconds: float):
+    def __init__(self, parent: TorchParent, session_id, layers, stats: ForkStats, fork_seconds: float):
         super().__init__(session_id, parent, stats, fork_seconds)
         self.layers = layers
-        self.masks = masks
 
     def answer(
         self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
     ) -> Answer:
         self._check_answerable(context_sha256)
         return self.parent.engine._answer(
-            self.parent, self.layers, self.masks, question_ids, max_new_tokens, stop_ids, return_logits
+            self.parent, self.layers, question_ids, max_new_tokens, stop_ids, return_logits
         )
 
     def release(self) -> None:
         self._released = True
-        self.layers = self.masks = None
+        self.layers = None
 
 
 def stop_token_ids(tokenizer, model) -> list[int]:

@@ -660,8 +660,24 @@ class VllmParent(ParentSession):
             stored_bytes=child_blocks_total * engine.page_bytes,
             full_bytes=full_blocks * engine.page_bytes,
             padded=False,
+            real_fork=self._is_real_fork(kept, blocks),
         )
         return self._adopt(VllmChild(self, engine._new_id(), blocks, tables, stats, time.perf_counter() - start))
+
+    def _is_real_fork(self, kept, blocks: list[list]) -> bool:
+        """The child's blocks are none of the parent's and number exactly what its kept entries need
+        (per layer: pages of K entries, or per-head pages packed into blocks)."""
+        parent_ids = {b.block_id for layer in self.attn_blocks for b in layer}
+        child_ids = [b.block_id for layer in blocks for b in layer]
+        engine = self.engine
+        needed = 0
+        for heads in kept:
+            counts = [len(idx) for idx in heads]
+            if len(set(counts)) == 1:
+                needed += engine._blocks_for(counts[0])
+            else:
+                needed += engine._blocks_for_pages(sum(engine._blocks_for(c) for c in counts))
+        return not parent_ids.intersection(child_ids) and len(set(child_ids)) == len(child_ids) == needed
 
     def release(self) -> None:
         if self._released:
