@@ -79,7 +79,7 @@ def probe_with_values(
         for handle in handles:
             handle.remove()
     out = []
-    for f, (q, k) in enumerate(probed):
+    for f, (q, k, *_) in enumerate(probed):  # a torch probe also returns each row's log-sum-exp
         if len(captured[f]) != 1 or captured[f][0].shape[0] != T:
             raise ModelError(
                 f"attention layer {modules[f].layer_idx}: the probe ran v_proj {len(captured[f])} times instead of "
