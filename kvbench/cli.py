@@ -76,12 +76,19 @@ def run(
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
     ),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Method option METHOD.OPTION=VALUE (repeatable), e.g. triattention.zero_freq_bands=false; rows "
+        "of a non-default option are labelled METHOD[OPTION=VALUE] (`kvbench list methods` shows the options).",
+    ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
     if data_dir is not None:
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
         os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
+    from kvbench.methods import parse_method_options
     from kvbench.runner import RunConfig, parse_shard
     from kvbench.runner import run as run_config
 
@@ -101,6 +108,7 @@ def run(
         device=device,
         dtype=dtype,
         threads=threads,
+        method_options=parse_method_options(set_),
     )
     summary = run_config(config, console=err_console)
     err_console.print(
@@ -126,6 +134,8 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
             cls = method_class(name)
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}")
+            for option, help_ in sorted(cls.options.items()):
+                console.print(f"{'':14} --set {name}.{option}=… (default {getattr(cls, option)!r}): {help_}")
     elif what is ListWhat.benches:
         from kvbench.tasks import get_bench, list_benches
 

@@ -120,6 +120,47 @@ def test_zero_frequency_bands_are_position_independent():
     assert float(s.std()) > 1e-3
 
 
+@pytest.mark.parametrize("aggregation", ["mean", "max"])
+def test_without_zero_frequency_bands_only_the_rotated_dims_score(aggregation):
+    """zero_freq_bands=False equals the direct sum on keys whose pass-through dims are zeroed (their trig
+    and MLR terms vanish), and differs from the default when those dims carry signal."""
+    H, H_kv, D, R, n = 4, 2, 12, 4, 20
+    stats = random_stats(1, H, D, R, seed=8)
+    keys = torch.randn(H_kv, n, D, generator=torch.Generator().manual_seed(9))
+    rotated_only = keys.clone()
+    rotated_only[..., R:] = 0
+    args = (stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0])
+    offsets = geometric_offsets(1024)
+    got = trig_scores(
+        keys, *args, stats.omega, R, round_start=n, offsets=offsets, aggregation=aggregation, zero_freq_bands=False
+    )
+    want = brute_force(rotated_only, *args, R, n, offsets, aggregation)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    default = trig_scores(keys, *args, stats.omega, R, round_start=n, offsets=offsets, aggregation=aggregation)
+    assert float((default - got).abs().max()) > 1e-2
+
+
+def test_zero_freq_bands_option_through_get_method(tmp_path):
+    L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
+    stats = random_stats(L, H, D, R, seed=10)
+    g = torch.Generator().manual_seed(11)
+    keys = [torch.randn(H_kv, n, D, generator=g) for _ in range(L)]
+    zeroed = [k.clone() for k in keys]
+    for k in zeroed:
+        k[..., R:] = 0
+    method = get_method("triattention", options={"zero_freq_bands": "false"})
+    assert method.label == "triattention[zero_freq_bands=false]"
+    assert method.method_options() == {"zero_freq_bands": False}
+    method.stats = stats
+    got = method.score(FakeParent(keys, n_heads=H, prot=prot))
+    default = get_method("triattention")
+    default.stats = stats
+    want = default.score(FakeParent(zeroed, n_heads=H, prot=prot))  # the paper's setting on rotated-only keys
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert TriAttention.zero_freq_bands is True  # the default stays the paper's setting
+
+
 def test_method_zscores_and_takes_group_max(tmp_path):
     L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
     stats = random_stats(L, H, D, R, seed=5)
@@ -263,3 +304,4 @@ def test_calibrate_on_tiny_model_round_trip_and_fingerprint(tmp_path, monkeypatc
         torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
     finally:
         parent.release()
+
