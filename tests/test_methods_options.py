@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from kvbench import cli
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, get_method, parse_method_options, register_method
+from tests.test_cli import kvbench
 
 
 @register_method
@@ -87,24 +86,12 @@ def test_method_without_options_names_none():
         get_method("random", options={"x": "1"})
 
 
-def _kvbench(*args: str) -> int:
-    old = sys.argv
-    sys.argv = ["kvbench", *args]
-    try:
-        cli.main()
-        return 0
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    finally:
-        sys.argv = old
-
-
 def test_run_with_set_writes_labelled_rows_beside_the_default(tmp_path, capsys):
     out = tmp_path / "run"
     base = ["run", "--model", "tiny-random", "--method", "test-optnorm", "--p", "0.3", "--limit", "1"]
     base += ["--length", "900", "--out", str(out)]
-    assert _kvbench(*base, "--set", "test-optnorm.largest=true") == 0, capsys.readouterr().err
-    assert _kvbench(*base) == 0, capsys.readouterr().err  # the default is not "already present"
+    assert kvbench(*base, "--set", "test-optnorm.largest=true") == 0, capsys.readouterr().err
+    assert kvbench(*base) == 0, capsys.readouterr().err  # the default is not "already present"
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     by_method = {r["method"]: r for r in rows}
     assert set(by_method) == {"test-optnorm[largest=true]", "test-optnorm"} and len(rows) == 2
@@ -113,7 +100,7 @@ def test_run_with_set_writes_labelled_rows_beside_the_default(tmp_path, capsys):
     runs = json.loads((out / "manifest.json").read_text())["runs"]
     assert runs[0]["config"]["method_options"] == {"test-optnorm": {"largest": "true"}}
     # resuming the variant finds its row
-    assert _kvbench(*base, "--set", "test-optnorm.largest=true") == 0
+    assert kvbench(*base, "--set", "test-optnorm.largest=true") == 0
     assert "1 already present" in capsys.readouterr().err.replace("\n", " ")
 
 
@@ -127,7 +114,7 @@ def test_run_with_set_writes_labelled_rows_beside_the_default(tmp_path, capsys):
 )
 def test_run_set_errors_exit_2(tmp_path, capsys, extra, message):
     args = ["run", "--model", "tiny-random", "--method", "test-optnorm", "--limit", "1", "--out", str(tmp_path / "o")]
-    code = _kvbench(*args, *extra)
+    code = kvbench(*args, *extra)
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "o" / "results.jsonl").exists() or not (tmp_path / "o" / "results.jsonl").read_text()
