@@ -250,18 +250,22 @@ def calibrate(
     device: str = typer.Option("cpu", "--device"),
     dtype: Optional[str] = typer.Option(None, "--dtype"),
 ) -> None:
-    """Offline calibration: TriAttention's per-head query statistics for a model."""
-    from kvbench.corpus import read_corpus
+    """Offline calibration: TriAttention's per-head query statistics for a model. Documents are taken
+    round-robin over the corpus's subdirectories (every kind is used before --max-tokens runs out), each cut
+    to the length the model was trained for (kvbench_builtin.json's context_length; else the config limit)."""
+    from kvbench.corpus import read_corpus, round_robin
     from kvbench.methods import triattention
     from kvbench.models import load_model
 
-    texts = [doc.text for doc in read_corpus(corpus)]
+    texts = [doc.text for doc in round_robin(read_corpus(corpus))]
     lm = load_model(model, device=device, dtype=dtype)
-    stats = triattention.calibrate(lm.model, lm.tokenizer, texts, max_tokens=max_tokens, fingerprint=lm.fingerprint)
+    stats = triattention.calibrate(
+        lm.model, lm.tokenizer, texts, max_tokens=max_tokens, max_len=lm.context_length, fingerprint=lm.fingerprint
+    )
     path = stats.save_stats(out or triattention.default_stats_path(lm.fingerprint))
     err_console.print(
         f"calibrated {method.value} on {stats.metadata['n_tokens']} tokens of {stats.metadata['n_documents']} "
-        f"documents for {lm.name} -> {path}"
+        f"documents (each at most {stats.metadata['max_len']} tokens) for {lm.name} -> {path}"
     )
 
 

@@ -287,8 +287,10 @@ def calibrate(
     """Per attention layer and query head: band centre and mean band magnitude of the un-rotated queries.
 
     corpus_texts: strings (tokenised without special tokens) or token-id sequences; each is prefilled on
-    its own from position 0 (cut to ``max_len``, default the model limit), in order, until ``max_tokens``
-    tokens have been used in total. The queries are the ones the attention actually uses (q/gate split,
+    its own from position 0 (cut to ``max_len``, default the model limit; ``kvbench calibrate`` passes the
+    model's trained length), in order, until ``max_tokens`` tokens have been used in total (``kvbench
+    calibrate`` orders a corpus round-robin over its kinds, :func:`kvbench.corpus.round_robin`, so that every
+    kind is used). The queries are the ones the attention actually uses (q/gate split,
     q_norm, partial RoPE), read from the engine's prefill; RoPE is undone per position in float64 and the
     sums are accumulated in float64. fingerprint: the model's :func:`kvbench.models.fingerprint`
     (computed from ``model`` and ``tokenizer`` when not given).
@@ -353,6 +355,7 @@ def calibrate(
         "n_tokens": used,
         "n_documents": docs,
         "max_tokens": max_tokens,
+        "max_len": limit,
         "hidden_size": int(getattr(tc, "hidden_size", 0)),
         **rope_info,
     }

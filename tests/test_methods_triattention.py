@@ -305,3 +305,36 @@ def test_calibrate_on_tiny_model_round_trip_and_fingerprint(tmp_path, monkeypatc
     finally:
         parent.release()
 
+
+def test_round_robin_interleaves_corpus_kinds():
+    from kvbench.corpus import Document, round_robin
+
+    docs = [Document(c, f"{c}{i}", "x") for c, k in (("a", 3), ("b", 1), ("c", 2)) for i in range(k)]
+    assert [d.doc_id for d in round_robin(docs)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert round_robin([]) == []
+
+
+def test_calibrate_command_uses_every_kind_within_the_trained_length(tmp_path, monkeypatch, capsys):
+    """`kvbench calibrate` on two kinds with a budget of two documents uses the first of each kind (not the
+    first kind's two), each cut to the model's trained context_length."""
+    from kvbench import cli
+    from kvbench.models import load_model
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    texts = {}
+    for kind in ("a-kind", "b-kind"):
+        (tmp_path / "corpus" / kind).mkdir(parents=True)
+        for i in range(2):
+            texts[kind, i] = " ".join(f"{kind}{i}w{j}" for j in range(40))  # over 40 byte tokens
+            (tmp_path / "corpus" / kind / f"{i}.txt").write_text(texts[kind, i])
+    lm = load_model("tiny-random")
+    lm.context_length = 40  # as a model whose kvbench_builtin.json states a trained length of 40
+    monkeypatch.setattr("kvbench.models.load_model", lambda *a, **k: lm)
+    out = tmp_path / "stats.safetensors"
+    args = ["calibrate", "triattention", "--corpus", str(tmp_path / "corpus"), "--max-tokens", "80"]
+    monkeypatch.setattr("sys.argv", ["kvbench", *args, "--out", str(out)])
+    cli.main()  # returns on success (exit 2 would raise SystemExit)
+    got = load_stats(out, lm.fingerprint)
+    assert (got.metadata["n_documents"], got.metadata["n_tokens"], got.metadata["max_len"]) == (2, 80, 40)
+    want = calibrate(lm.model, lm.tokenizer, [texts["a-kind", 0], texts["b-kind", 0]], max_tokens=80, max_len=40)
+    assert torch.equal(got.q_mean_re, want.q_mean_re) and torch.equal(got.q_abs_mean, want.q_abs_mean)
