@@ -14,6 +14,12 @@ the top ``B`` (layer, head, token) scores directly, so counts may differ per hea
 
 Kept index sets are returned as ``kept[f][h]``: a sorted 1-D ``LongTensor`` of context positions for
 attention-layer ordinal ``f`` and KV head ``h`` (protected positions included).
+
+Ties: entries with equal scores at the budget boundary are decided by one rule in every selection path
+(per-head top-``K_l`` for ``flat``/``pyramid``/``gate``, top-``B`` for ``global``): **the later position
+wins**; in ``global``, equal scores at the same position go to the later layer, then the later KV head.
+It is computed by a stable sort (:func:`top_later_wins`), so it is the same on CPU and GPU and on every
+engine (selection runs on the method's scores, not inside an engine).
 """
 
 from __future__ import annotations
@@ -125,13 +131,18 @@ def pyramid(
     """PyramidKV: linearly decreasing budgets over the attention-layer ordinal ``f``.
 
     ``k_min = k / beta``, ``k_max = 2k - k_min``, ``k_f = k_max - f (k_max - k_min) / (L - 1)``; the
-    arithmetic series sums to ``L * k``. Integerised by largest remainder; no layer below
-    ``min(floor, k)`` nor above ``capacity`` (the body length), the excess re-shared.
+    arithmetic series sums to ``L * k``. When ``k_max`` exceeds ``capacity`` (the body length; from about
+    ``p >= 0.52``), PyramidKV's own rule applies (``pyramidkv_utils.py`` and kvpress's press): ``k_max =
+    capacity`` and ``k_min = 2k - capacity``, still linear in between, so the series still sums to ``L * k``
+    (e.g. 3 layers, ``k = 700``, capacity 1,000: 1,000, 700, 400). Integerised by largest remainder (exact
+    total, unlike the reference's integer step); no layer below ``min(floor, k)`` nor above ``capacity``.
     """
     if n_layers == 1:
         return [k]
     k_min = k / beta
     k_max = 2 * k - k_min
+    if k_max > capacity:
+        k_max, k_min = capacity, 2 * k - capacity
     raw = [k_max - f * (k_max - k_min) / (n_layers - 1) for f in range(n_layers)]
     return apportion(raw, n_layers * k, lo=min(floor, k), hi=capacity)
 
@@ -168,21 +179,27 @@ def _with_protected(body_idx: torch.Tensor, prot: int) -> torch.Tensor:
     return torch.cat([torch.arange(prot, dtype=torch.long, device=absolute.device), absolute])
 
 
+def top_later_wins(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` largest entries along the last dim of ``scores`` ``[..., N]``, best first;
+    equal scores are ordered by index, the larger (later) index first. A stable descending sort of the
+    reversed row, so the result is the same on every device."""
+    N = scores.shape[-1]
+    order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., :count]
+    return (N - 1) - order
+
+
 def select_per_head(scores: Sequence[torch.Tensor], counts: Sequence[int], prot: int) -> Kept:
     """Per layer and KV head, keep the protected prefix plus the top ``counts[f]`` body scores.
 
-    scores[f]: ``[H_kv, n]`` (higher = keep); positions ``< prot`` are ignored.
+    scores[f]: ``[H_kv, n]`` (higher = keep); positions ``< prot`` are ignored. Ties: the later position
+    wins (module doc).
     """
     kept: Kept = []
     for s, c in zip(scores, counts, strict=True):
         body = s[:, prot:].float()
         if c > body.shape[1]:
             raise ValueError(f"budget {c} exceeds the {body.shape[1]} body entries")
-        idx = (
-            torch.topk(body, c, dim=1, sorted=False).indices
-            if c > 0
-            else body.new_zeros((body.shape[0], 0), dtype=torch.long)
-        )
+        idx = top_later_wins(body, c)
         kept.append([_with_protected(idx[h], prot) for h in range(body.shape[0])])
     return kept
 
@@ -190,21 +207,19 @@ def select_per_head(scores: Sequence[torch.Tensor], counts: Sequence[int], prot:
 def select_global(scores: Sequence[torch.Tensor], total: int, prot: int) -> Kept:
     """KVzip-style: one top-``total`` over every (layer, head, body token) score; counts may differ.
 
-    scores[f]: ``[H_kv, n]`` on a common scale across layers.
+    scores[f]: ``[H_kv, n]`` on a common scale across layers. Ties: the later position wins, then the later
+    layer, then the later head (module doc).
     """
-    bodies = [s[:, prot:].float() for s in scores]
-    flat_scores = torch.cat([b.reshape(-1) for b in bodies])
-    if total > flat_scores.numel():
-        raise ValueError(f"budget {total} exceeds the {flat_scores.numel()} body entries")
-    chosen = torch.zeros(flat_scores.numel(), dtype=torch.bool, device=flat_scores.device)
-    chosen[torch.topk(flat_scores, total, sorted=False).indices] = True
-    kept: Kept = []
-    offset = 0
-    for b in bodies:
-        mask = chosen[offset : offset + b.numel()].view(b.shape)
-        offset += b.numel()
-        kept.append([_with_protected(mask[h].nonzero().squeeze(1), prot) for h in range(b.shape[0])])
-    return kept
+    stacked = torch.stack([s[:, prot:].float() for s in scores])  # [L, H_kv, m]
+    L, H, m = stacked.shape
+    if total > stacked.numel():
+        raise ValueError(f"budget {total} exceeds the {stacked.numel()} body entries")
+    # position-major order (position, layer, head), so that a later flat index is a later position
+    by_position = stacked.permute(2, 0, 1).reshape(-1)
+    chosen = torch.zeros(by_position.numel(), dtype=torch.bool, device=by_position.device)
+    chosen[top_later_wins(by_position, total)] = True
+    mask = chosen.view(m, L, H).permute(1, 2, 0)  # [L, H_kv, m]
+    return [[_with_protected(mask[f, h].nonzero().squeeze(1), prot) for h in range(H)] for f in range(L)]
 
 
 def keep_all(n: int, n_layers: int, n_kv_heads: int) -> Kept:

@@ -97,6 +97,12 @@ def run(
     gpus_per_worker: Optional[float] = typer.Option(
         None, "--gpus-per-worker", help="With --ray: GPUs Ray gives each worker (with --device cuda)."
     ),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Method option METHOD.OPTION=VALUE (repeatable), e.g. triattention.zero_freq_bands=false; rows "
+        "of a non-default option are labelled METHOD[OPTION=VALUE] (`kvbench list methods` shows the options).",
+    ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
     from kvbench.engines.hf_adapters import quiet_kernel_warnings
@@ -108,6 +114,7 @@ def run(
         if not data_dir.is_dir():
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
         os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
+    from kvbench.methods import parse_method_options
     from kvbench.runner import RunConfig, parse_shard, run_models
 
     config = RunConfig(
@@ -126,6 +133,7 @@ def run(
         device=device,
         dtype=dtype,
         threads=threads,
+        method_options=parse_method_options(set_),
     )
     models = _split(model) or [None]
     if ray is not None:
@@ -171,6 +179,8 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
             cls = method_class(name)
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}")
+            for option, help_ in sorted(cls.options.items()):
+                console.print(f"{'':14} --set {name}.{option}=… (default {getattr(cls, option)!r}): {help_}")
     elif what is ListWhat.benches:
         from kvbench.tasks import get_bench, list_benches
 
@@ -337,18 +347,22 @@ def calibrate(
     device: str = typer.Option("cpu", "--device"),
     dtype: Optional[str] = typer.Option(None, "--dtype"),
 ) -> None:
-    """Offline calibration: TriAttention's per-head query statistics for a model."""
-    from kvbench.corpus import read_corpus
+    """Offline calibration: TriAttention's per-head query statistics for a model. Documents are taken
+    round-robin over the corpus's subdirectories (every kind is used before --max-tokens runs out), each cut
+    to the length the model was trained for (kvbench_builtin.json's context_length; else the config limit)."""
+    from kvbench.corpus import read_corpus, round_robin
     from kvbench.methods import triattention
     from kvbench.models import load_model
 
-    texts = [doc.text for doc in read_corpus(corpus)]
+    texts = [doc.text for doc in round_robin(read_corpus(corpus))]
     lm = load_model(model, device=device, dtype=dtype)
-    stats = triattention.calibrate(lm.model, lm.tokenizer, texts, max_tokens=max_tokens, fingerprint=lm.fingerprint)
+    stats = triattention.calibrate(
+        lm.model, lm.tokenizer, texts, max_tokens=max_tokens, max_len=lm.context_length, fingerprint=lm.fingerprint
+    )
     path = stats.save_stats(out or triattention.default_stats_path(lm.fingerprint))
     err_console.print(
         f"calibrated {method.value} on {stats.metadata['n_tokens']} tokens of {stats.metadata['n_documents']} "
-        f"documents for {lm.name} -> {path}"
+        f"documents (each at most {stats.metadata['max_len']} tokens) for {lm.name} -> {path}"
     )
 
 

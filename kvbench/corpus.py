@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +103,17 @@ def read_corpus(path: str | Path) -> list[Document]:
             f"no documents under {path}: expected subdirectories (one per corpus) of .txt/.md/.jsonl/.json files"
         )
     return docs
+
+
+def round_robin(docs: Sequence[Document]) -> list[Document]:
+    """``docs`` interleaved across corpora: the first document of every corpus, then every second one, ….
+
+    Corpora take turns in the order of their first document (for :func:`read_corpus`: sorted by name), and
+    each keeps its own document order; a corpus that runs out drops out of the rotation. A consumer that stops
+    after a token budget (TriAttention's calibration) then sees every corpus kind, not only the first one.
+    """
+    queues: dict[str, list[Document]] = {}
+    for doc in docs:
+        queues.setdefault(doc.corpus, []).append(doc)
+    rounds = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(rounds) for q in queues.values() if i < len(q)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -67,6 +67,7 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None
     threads: int | None = None
+    method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
 
 
 @dataclass
@@ -126,6 +127,9 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     for alloc in config.allocations or []:
         if alloc not in budgets.ALLOCATIONS:
             raise KvbenchError(f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}")
+    unused = sorted(set(config.method_options) - set(config.methods))
+    if unused:
+        raise KvbenchError(f"--set names method(s) {', '.join(unused)}, which --method does not run")
     plan = []
     for name in config.methods:
         cls = method_class(name)
@@ -133,8 +137,9 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
         if engines is not None and config.engine not in engines:
             raise KvbenchError(f"method {name} runs on the {' / '.join(engines)} engine only; drop it or use "
                                f"--engine {engines[0]}")  # fmt: skip
+        method = get_method(name, config.seed, config.method_options.get(name))
         if cls.fixed_p is not None:
-            plan.append((get_method(name, config.seed), [cls.default_allocation], [cls.fixed_p]))
+            plan.append((method, [cls.default_allocation], [cls.fixed_p]))
             continue
         allocs = config.allocations or [cls.default_allocation]
         bad = [a for a in allocs if a not in cls.allocations]
@@ -142,7 +147,7 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
             raise KvbenchError(
                 f"method {name} does not support allocation {bad}; it supports {', '.join(cls.allocations)}"
             )
-        plan.append((get_method(name, config.seed), allocs, ps))
+        plan.append((method, allocs, ps))
     return plan
 
 
@@ -376,10 +381,10 @@ def run_models(config: RunConfig, models: Sequence[str | None], console: Console
 def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar) -> None:
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
     pending = {
-        (method.name, alloc, p): [
+        (method.label, alloc, p): [
             qi
             for qi, q in enumerate(ctx.questions)
-            if not store.is_done(_key(lm, config, method.name, alloc, p, ctx, q.qid, rendered.sha256))
+            if not store.is_done(_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256))
         ]
         for method, allocs, ps in plan
         for alloc in allocs
@@ -392,7 +397,7 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
     parent = engine.prefill(rendered.context_ids, rendered.prot, query_window=query_window)
     try:
         for method, allocs, ps in plan:
-            if not any(pending[(method.name, a, p)] for a in allocs for p in ps):
+            if not any(pending[(method.label, a, p)] for a in allocs for p in ps):
                 continue
             if method.query_aware:
                 _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary,
@@ -405,7 +410,7 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
             _check_scores(method, scores, parent)
             for alloc in allocs:
                 for p in ps:
-                    questions = pending[(method.name, alloc, p)]
+                    questions = pending[(method.label, alloc, p)]
                     if not questions:
                         continue
                     progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
@@ -433,7 +438,7 @@ def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, con
     the question's token ids and answer budget, never its references), then per (allocation, p) fork a child
     and answer that question alone. ``score_s`` of a row is that question's scoring time."""
     for qi, q in enumerate(ctx.questions):
-        todo = [(a, p) for a in allocs for p in ps if qi in pending[(method.name, a, p)]]
+        todo = [(a, p) for a in allocs for p in ps if qi in pending[(method.label, a, p)]]
         if not todo:
             continue
         progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
@@ -464,7 +469,7 @@ def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, 
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.stats
     return {
-        **_key(lm, config, method.name, alloc, p, ctx, q.qid, rendered.sha256),
+        **_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256),
         "prediction": ans.text,
         "references": list(q.references),
         "score": scores[q.scorers[0]],
@@ -488,4 +493,5 @@ def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, 
         "stopped": ans.stopped,
         "random_weights": lm.random_weights,
         "meta": ctx.meta,
+        **({"method_options": method.method_options()} if method.method_options() else {}),
     }

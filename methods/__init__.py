@@ -17,6 +17,12 @@ The harness turns scores into kept index sets with the chosen allocation (``flat
 ``gate`` or ``global``; see :mod:`kvbench.budgets`), always keeping the protected prefix on top of the
 budget. Override :meth:`EvictionMethod.select` to choose entries some other way.
 
+Method options: a method lists in ``options`` the attributes a user may change per run (``kvbench run --set
+METHOD.OPTION=VALUE``); the class attribute of that name is the default and fixes the type (bool, int, float
+or str). A method instance with a non-default option has the :attr:`EvictionMethod.label`
+``METHOD[OPTION=VALUE,…]``: its rows carry that label as ``method`` (so they never mix with the default's
+rows, in the results store or in reports) and the options in ``method_options``.
+
 Third-party packages register methods through the ``kvbench.methods`` entry-point group, each entry
 pointing at an :class:`EvictionMethod` subclass (``mymethod = mypkg.module:MyMethod``).
 
@@ -28,10 +34,11 @@ still from the one parent prefill, and its rows carry ``"query_aware": true``.
 from __future__ import annotations
 
 import importlib
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import ClassVar, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 import torch
 
@@ -43,10 +50,11 @@ __all__ = [
     "EvictionMethod",
     "QueryAwareMethod",
     "QuestionInput",
-    "register_method",
     "get_method",
     "list_methods",
     "method_class",
+    "parse_method_options",
+    "register_method",
 ]
 
 
@@ -73,6 +81,8 @@ class EvictionMethod(ABC):
       fingerprint: the model fingerprint an offline artifact must match; None: the parent's.
       query_aware: True if the method sees each question (:class:`QueryAwareMethod`); the runner then calls
         :meth:`score_question` per question instead of :meth:`score` once per context.
+      options: user-settable attributes (``--set METHOD.OPTION=VALUE``), name -> one-line help; the
+        class attribute of that name is the default.
     """
 
     name: ClassVar[str] = ""
@@ -83,9 +93,31 @@ class EvictionMethod(ABC):
     query_window: ClassVar[int] = 0
     fingerprint: str | None = None
     query_aware: ClassVar[bool] = False
+    options: ClassVar[dict[str, str]] = {}
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
+
+    def set_options(self, values: Mapping[str, str]) -> None:
+        """Set options from their command-line text (``"false"``, ``"3"``, …), converted to the type of
+        the default; an unknown option or a value of the wrong type is a :class:`KvbenchError`."""
+        for option, text in values.items():
+            if option not in self.options:
+                known = ", ".join(sorted(self.options)) or "none"
+                raise KvbenchError(f"method {self.name} has no option {option!r} (its options: {known})")
+            setattr(self, option, _convert(text, getattr(type(self), option), f"{self.name}.{option}"))
+
+    def method_options(self) -> dict[str, bool | int | float | str]:
+        """The options that differ from the class defaults (empty for a default instance)."""
+        return {o: getattr(self, o) for o in sorted(self.options) if getattr(self, o) != getattr(type(self), o)}
+
+    @property
+    def label(self) -> str:
+        """``name``, or ``name[OPTION=VALUE,…]`` when an option differs from its default (what rows record)."""
+        opts = self.method_options()
+        if not opts:
+            return self.name
+        return f"{self.name}[{','.join(f'{o}={_text(v)}' for o, v in opts.items())}]"
 
     def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
         """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown): the model an
@@ -194,6 +226,51 @@ def method_class(name: str) -> type[EvictionMethod]:
     return _METHODS[name]
 
 
-def get_method(name: str, seed: int = 0) -> EvictionMethod:
-    """Instantiate the method registered under ``name``."""
-    return method_class(name)(seed=seed)
+def get_method(name: str, seed: int = 0, options: Mapping[str, str] | None = None) -> EvictionMethod:
+    """Instantiate the method registered under ``name``, with ``options`` (option -> text) set."""
+    method = method_class(name)(seed=seed)
+    method.set_options(options or {})
+    return method
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _convert(text: str, default: object, what: str) -> bool | int | float | str:
+    """``text`` as the type of ``default`` (bool: true/false/1/0/yes/no/on/off)."""
+    low = text.strip().lower()
+    if isinstance(default, bool):
+        if low in _TRUE + _FALSE:
+            return low in _TRUE
+        raise KvbenchError(f"--set {what}={text}: expected true or false")
+    for kind in (int, float):
+        if isinstance(default, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise KvbenchError(f"--set {what}={text}: expected a number ({kind.__name__})") from None
+    if isinstance(default, str):
+        return text
+    raise KvbenchError(f"--set {what}: this option has no command-line form")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``["triattention.zero_freq_bands=false", …]`` -> ``{"triattention": {"zero_freq_bands": "false"}}``.
+
+    Checks the form and that the method exists; option names and values are checked by
+    :meth:`EvictionMethod.set_options`. Setting one option twice is an error."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        target, eq, value = item.partition("=")
+        method, dot, option = target.strip().partition(".")
+        if not (eq and dot and method and option):
+            raise KvbenchError(f"--set {item!r} is not of the form METHOD.OPTION=VALUE (e.g. triattention.mlr=false)")
+        method_class(method)
+        if option in out.get(method, {}):
+            raise KvbenchError(f"--set {method}.{option} is given twice; keep one")
+        out.setdefault(method, {})[option] = value.strip()
+    return out

@@ -65,9 +65,10 @@ class SnapKV(EvictionMethod):
       pooling padding ``kernel // 2`` are the same.
     * kvpress ``SnapKVPress``: window 64, kernel 5, ``avg_pool1d``, mean (not sum) over the window
       queries (a uniform scale, no effect on the per-head ranking), window always kept (padded with the
-      maximum score), and it recomputes the window queries from the hidden states (which misses the
-      Qwen3-Next q/gate split and q_norm); here they come from the prefill itself. Its GQA rule (mean
-      over the group) is the one used here.
+      maximum score), and it recomputes the window queries from the hidden states, which fails on
+      Qwen3-Next: its query extraction applies RoPE over every head dim, while these models rotate only
+      ``partial_rotary_factor`` of them, a shape error (it never gets to the q/gate split); here the
+      queries come from the prefill itself. Its GQA rule (mean over the group) is the one used here.
     * the protected prefix is always kept by the harness; its keys are scored and pooled like any other.
     """
 

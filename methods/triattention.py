@@ -84,6 +84,7 @@ def trig_scores(
     offsets: Sequence[int] = geometric_offsets(),
     aggregation: str = "mean",
     mlr: bool = True,
+    zero_freq_bands: bool = True,
 ) -> torch.Tensor:
     """TriAttention score of every key for every query head of one layer: ``[H, n]`` float32.
 
@@ -97,12 +98,18 @@ def trig_scores(
     by ``mean`` or ``max``. The first sum is the logit ``q̄(round_start + o) · k`` of the centre query
     rotated to the future position, so it is evaluated as ``Re(q̄_b e^{jω_b(round_start + o)} conj k_b)``
     on the stored (rotated) key, with no RoPE inversion; for ``mean`` the offsets fold into one query.
+    ``zero_freq_bands=False`` leaves the ``(D - R)/2`` pass-through bands out of both sums (only the
+    rotated bands ``b < R/2`` score).
     """
     if aggregation not in ("mean", "max"):
         raise ValueError(f"aggregation must be 'mean' or 'max', got {aggregation!r}")
     H_kv, n, D = keys.shape
     H = q_mean_re.shape[0]
     re_idx, im_idx = (i.to(keys.device) for i in band_index(D, rotary_dim))
+    if not zero_freq_bands:
+        B = rotary_dim // 2
+        re_idx, im_idx = re_idx[:B], im_idx[:B]
+        q_mean_re, q_mean_im, q_abs_mean, omega = q_mean_re[:, :B], q_mean_im[:, :B], q_abs_mean[:, :B], omega[:B]
     k = keys.float()
     kr, ki = k[..., re_idx], k[..., im_idx]  # [H_kv, n, B]
     dev = keys.device
@@ -280,8 +287,10 @@ def calibrate(
     """Per attention layer and query head: band centre and mean band magnitude of the un-rotated queries.
 
     corpus_texts: strings (tokenised without special tokens) or token-id sequences; each is prefilled on
-    its own from position 0 (cut to ``max_len``, default the model limit), in order, until ``max_tokens``
-    tokens have been used in total. The queries are the ones the attention actually uses (q/gate split,
+    its own from position 0 (cut to ``max_len``, default the model limit; ``kvbench calibrate`` passes the
+    model's trained length), in order, until ``max_tokens`` tokens have been used in total (``kvbench
+    calibrate`` orders a corpus round-robin over its kinds, :func:`kvbench.corpus.round_robin`, so that every
+    kind is used). The queries are the ones the attention actually uses (q/gate split,
     q_norm, partial RoPE), read from the engine's prefill; RoPE is undone per position in float64 and the
     sums are accumulated in float64. fingerprint: the model's :func:`kvbench.models.fingerprint`
     (computed from ``model`` and ``tokenizer`` when not given).
@@ -346,6 +355,7 @@ def calibrate(
         "n_tokens": used,
         "n_documents": docs,
         "max_tokens": max_tokens,
+        "max_len": limit,
         "hidden_size": int(getattr(tc, "hidden_size", 0)),
         **rope_info,
     }
@@ -373,7 +383,17 @@ class TriAttention(EvictionMethod):
     query head over the body candidates (positions ``prot..n-1``), then the **max over the query heads
     of each KV head** (GQA-group max) gives the ``[H_kv, n]`` scores; flat per-head budgets. Knobs (class
     or instance attributes): ``offsets``, ``aggregation`` (``"mean"`` or ``"max"``), ``normalize``
-    (z-score), ``mlr`` (magnitude term).
+    (z-score), ``mlr`` (magnitude term), ``zero_freq_bands``. ``zero_freq_bands``, ``mlr`` and ``normalize``
+    are method options (``kvbench run --set triattention.zero_freq_bands=false``).
+
+    Pass-through dims (``zero_freq_bands``, default True, the paper's stated setting): the ``D - R`` dims that
+    RoPE does not rotate enter as zero-frequency bands, whose trig term is the position-independent
+    ``q̄·k`` of those dims. With partial RoPE that is most of the head (48 of 64 dims on ``tiny-trained``,
+    192 of 256 on Qwen3-Next), and the constant term can dominate the score: measured for issue 18 on the
+    shipped model with its earlier statistics, its per-head spread over the context was 2-14 against 1-3 for
+    the rotated bands, and it ranked the needle near the bottom in the one attention head that reads it,
+    which is why TriAttention scores 0 on the niah tasks there. ``zero_freq_bands=False`` scores the
+    rotated bands only (both sums), to show that choice's effect; it is not the paper's method.
 
     Statistics: ``stats`` (constructor argument: a :class:`TriAttentionStats` in memory, e.g. straight
     from :func:`calibrate`) is used as is; else ``stats_path`` (class or instance attribute, or
@@ -414,6 +434,13 @@ class TriAttention(EvictionMethod):
     aggregation = "mean"
     normalize = True
     mlr = True
+    zero_freq_bands = True
+    options = {
+        "zero_freq_bands": "score the pass-through (un-rotated) dims as zero-frequency bands (the paper's "
+        "setting); false scores the rotated bands only",
+        "mlr": "add the magnitude (MLR) term",
+        "normalize": "z-score each query head's scores before the GQA max",
+    }
 
     def __init__(
         self,
@@ -485,6 +512,7 @@ class TriAttention(EvictionMethod):
                 offsets=self.offsets,
                 aggregation=self.aggregation,
                 mlr=self.mlr,
+                zero_freq_bands=self.zero_freq_bands,
             )  # [H, n]
             if self.normalize:
                 s = zscore(s, prot)

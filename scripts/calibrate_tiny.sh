@@ -7,6 +7,10 @@
 # Each artifact is keyed by the model fingerprint, which includes the dtype: DTYPES (default
 # "float32 bfloat16") lists the dtypes to calibrate for; bfloat16 is what --engine vllm runs. CLEAN=1 (default)
 # first drops every shipped artifact (those of older weights); CLEAN=0 adds to them (one dtype at a time).
+# Every position stays within the length the model was trained for (kvbench_builtin.json's context_length,
+# 1,024 for tiny-trained), not the config maximum: TriAttention takes the corpus kinds round-robin, each
+# document cut to that length (32 documents of the 3 kinds for its 32,768 tokens); GateSight labels every
+# document, cut so that chat prefix + document + suffix + the sampled continuation fit in it (MAX_DOC).
 # Usage: bash scripts/calibrate_tiny.sh [MODEL] [THREADS]   (default: tiny-trained, 2). Deterministic.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +23,23 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default locations here, then we copy
 .venv/bin/python -c "from kvbench.train_tiny import write_calibration_corpus as w; w('$WORK/corpus')"
+MAX_NEW=128   # GateSight's continuation length (the label recipe's default)
+MAX_DOC=$(.venv/bin/python - "$MODEL" "$MAX_NEW" <<'PY'
+import sys
+from kvbench.models import load_model
+from kvbench.prompt import encode, template_parts
+lm = load_model(sys.argv[1])
+if lm.context_length is None:
+    sys.exit(f"model {sys.argv[1]} states no trained context_length (kvbench_builtin.json)")
+head, tail = template_parts(lm.tokenizer)
+print(lm.context_length - len(encode(lm.tokenizer, head)) - len(encode(lm.tokenizer, tail)) - int(sys.argv[2]))
+PY
+)
+echo "GateSight documents cut to $MAX_DOC tokens"
 for DTYPE in $DTYPES; do
   .venv/bin/kvbench calibrate triattention --model "$MODEL" --corpus "$WORK/corpus" --dtype "$DTYPE"
   .venv/bin/kvbench gatesight label --model "$MODEL" --corpus "$WORK/corpus" --out "$WORK/labels-$DTYPE" \
-    --threads "$THREADS" --dtype "$DTYPE"
+    --threads "$THREADS" --dtype "$DTYPE" --max-new-tokens "$MAX_NEW" --max-doc-tokens "$MAX_DOC"
   .venv/bin/kvbench gatesight train --labels "$WORK/labels-$DTYPE" --threads "$THREADS"
 done
 if [ "$CLEAN" = 1 ]; then

@@ -38,10 +38,26 @@ def test_pyramid_hand_worked():
     # k = 40: k_min = 2 < 4 -> last layer lifted to 4, the deficit taken from the others in proportion.
     got = budgets.pyramid(40, 4, capacity=1000)
     assert got[-1] == 4 and sum(got) == 160 and got == sorted(got, reverse=True)
-    # capacity binds: 2k - k/20 = 195 > 120 for the first layer
-    got = budgets.pyramid(100, 4, capacity=120)
-    assert got[0] == 120 and sum(got) == 400 and max(got) <= 120
+    # capacity binds: 2k - k/20 = 195 > 120, so PyramidKV's rule: k_max = 120, k_min = 2k - 120 = 80, linear:
+    # 120, 106.67, 93.33, 80 -> floors sum to 399, the one left to the largest remainder (.67, layer 1).
+    assert budgets.pyramid(100, 4, capacity=120) == [120, 107, 93, 80]
     assert budgets.pyramid(7, 1, capacity=10) == [7]
+
+
+def test_pyramid_above_the_cap_follows_pyramidkv():
+    # issue 18: 3 attention layers, body 1,000, p = 0.7 -> k = 700, 2k - k/20 = 1365 > 1000:
+    # max_num = body = 1000, min_num = 2k - body = 400, linear in between (the old water filling gave 1000, 1000, 100).
+    k = budgets.per_head_budget(1000, 0, 0.7)
+    assert budgets.pyramid(k, 3, capacity=1000) == [1000, 700, 400]
+    # 16 layers, body 4,075, p = 0.9: k = 3,667.5 -> 3,668; max 4,075, min 2 * 3,668 - 4,075 = 3,261 (was 539).
+    k = budgets.per_head_budget(4075 + 12, 12, 0.9)
+    assert k == 3668
+    got = budgets.pyramid(k, 16, capacity=4075)
+    assert got[0] == 4075 and got[-1] == 3261 and sum(got) == 16 * 3668
+    step = (4075 - 3261) / 15
+    assert all(abs(c - (4075 - f * step)) < 1 for f, c in enumerate(got))
+    # k == body (p = 1): every layer keeps the whole body
+    assert budgets.pyramid(50, 5, capacity=50) == [50] * 5
 
 
 def test_gate_largest_remainder_hand_worked():
@@ -82,7 +98,9 @@ def test_pyramid_invariants(k, L, extra):
     counts = budgets.pyramid(k, L, capacity=capacity)
     assert sum(counts) == k * L
     assert all(min(4, k) <= c <= capacity for c in counts)
-    assert counts == sorted(counts, reverse=True) or len(set(counts)) == 1 or capacity < 2 * k
+    assert counts == sorted(counts, reverse=True)
+    if L > 1 and 2 * k - k / 20 > capacity:  # above the cap: PyramidKV's max_num = body, min_num = 2k - body
+        assert counts[0] == capacity and abs(counts[-1] - (2 * k - capacity)) < 1
 
 
 def test_select_per_head_matches_brute_force():
@@ -112,6 +130,64 @@ def test_select_global_matches_brute_force():
             body = sorted(i for (ff, hh, i) in chosen if ff == f and hh == h)
             assert kept[f][h].tolist() == list(range(prot)) + body
     assert sum(len(k) - prot for heads in kept for k in heads) == B
+
+
+def _brute_force_later_wins(row: list[float], count: int) -> list[int]:
+    """The ``count`` best positions of ``row`` by (score, position), both descending."""
+    return sorted(sorted(range(len(row)), key=lambda i: (row[i], i), reverse=True)[:count])
+
+
+def test_select_per_head_ties_go_to_the_later_position():
+    prot = 2
+    # body scores (positions 2..11): a block of five equal scores across the boundary of every count
+    row = [9.0, 9.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 7.0, 0.0, 2.0, 5.0]
+    scores = [torch.tensor([row, row[::-1]])]
+    for c in range(0, 11):
+        kept = budgets.select_per_head(scores, [c], prot)
+        for h, r in enumerate((row, row[::-1])):
+            body = [prot + i for i in _brute_force_later_wins(r[prot:], c)]
+            assert kept[0][h].tolist() == list(range(prot)) + body, (c, h)
+    # hand-worked: count 3 keeps 7 (position 8), then the two latest 5s (positions 11 and 7)
+    assert budgets.select_per_head(scores, [3], prot)[0][0].tolist() == [0, 1, 7, 8, 11]
+
+
+def test_select_per_head_all_equal_keeps_the_last_positions():
+    scores = [torch.zeros(2, 20), torch.ones(2, 20)]
+    kept = budgets.select_per_head(scores, [3, 5], prot=4)
+    assert kept[0][1].tolist() == [0, 1, 2, 3, 17, 18, 19]
+    assert kept[1][0].tolist() == [0, 1, 2, 3, 15, 16, 17, 18, 19]
+
+
+def test_select_global_ties_go_to_later_position_then_layer_then_head():
+    prot, L, H, n = 1, 3, 2, 9
+    g = torch.Generator().manual_seed(3)
+    scores = [torch.randint(0, 3, (H, n), generator=g).float() for _ in range(L)]  # heavy ties
+    for total in range(0, L * H * (n - prot) + 1):
+        kept = budgets.select_global(scores, total, prot)
+        entries = sorted(
+            ((float(scores[f][h, i]), i, f, h) for f in range(L) for h in range(H) for i in range(prot, n)),
+            reverse=True,
+        )[:total]
+        for f in range(L):
+            for h in range(H):
+                body = sorted(i for _, i, ff, hh in entries if (ff, hh) == (f, h))
+                assert kept[f][h].tolist() == list(range(prot)) + body, (total, f, h)
+    # hand-worked: all equal, budget 3 -> the last position of layer 2 head 1, layer 2 head 0, layer 1 head 1
+    flat = [torch.zeros(H, n) for _ in range(L)]
+    kept = budgets.select_global(flat, 3, prot)
+    assert [len(k) - prot for heads in kept for k in heads] == [0, 0, 0, 1, 1, 1]
+    assert kept[2][0].tolist() == [0, n - 1] and kept[1][1].tolist() == [0, n - 1]
+
+
+def test_ties_are_identical_on_cpu_and_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU on this machine: the CPU/GPU comparison runs where one is present")
+    scores = [torch.randint(0, 4, (2, 300)).float() for _ in range(3)]
+    cpu = budgets.select_per_head(scores, [50, 80, 120], 10), budgets.select_global(scores, 400, 10)
+    gpu_scores = [s.cuda() for s in scores]
+    gpu = budgets.select_per_head(gpu_scores, [50, 80, 120], 10), budgets.select_global(gpu_scores, 400, 10)
+    for a, b in zip(cpu, gpu, strict=True):
+        assert [[k.tolist() for k in heads] for heads in a] == [[k.cpu().tolist() for k in heads] for heads in b]
 
 
 def test_layer_counts_dispatch_and_errors():

@@ -120,6 +120,47 @@ def test_zero_frequency_bands_are_position_independent():
     assert float(s.std()) > 1e-3
 
 
+@pytest.mark.parametrize("aggregation", ["mean", "max"])
+def test_without_zero_frequency_bands_only_the_rotated_dims_score(aggregation):
+    """zero_freq_bands=False equals the direct sum on keys whose pass-through dims are zeroed (their trig
+    and MLR terms vanish), and differs from the default when those dims carry signal."""
+    H, H_kv, D, R, n = 4, 2, 12, 4, 20
+    stats = random_stats(1, H, D, R, seed=8)
+    keys = torch.randn(H_kv, n, D, generator=torch.Generator().manual_seed(9))
+    rotated_only = keys.clone()
+    rotated_only[..., R:] = 0
+    args = (stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0])
+    offsets = geometric_offsets(1024)
+    got = trig_scores(
+        keys, *args, stats.omega, R, round_start=n, offsets=offsets, aggregation=aggregation, zero_freq_bands=False
+    )
+    want = brute_force(rotated_only, *args, R, n, offsets, aggregation)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    default = trig_scores(keys, *args, stats.omega, R, round_start=n, offsets=offsets, aggregation=aggregation)
+    assert float((default - got).abs().max()) > 1e-2
+
+
+def test_zero_freq_bands_option_through_get_method(tmp_path):
+    L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
+    stats = random_stats(L, H, D, R, seed=10)
+    g = torch.Generator().manual_seed(11)
+    keys = [torch.randn(H_kv, n, D, generator=g) for _ in range(L)]
+    zeroed = [k.clone() for k in keys]
+    for k in zeroed:
+        k[..., R:] = 0
+    method = get_method("triattention", options={"zero_freq_bands": "false"})
+    assert method.label == "triattention[zero_freq_bands=false]"
+    assert method.method_options() == {"zero_freq_bands": False}
+    method.stats = stats
+    got = method.score(FakeParent(keys, n_heads=H, prot=prot))
+    default = get_method("triattention")
+    default.stats = stats
+    want = default.score(FakeParent(zeroed, n_heads=H, prot=prot))  # the paper's setting on rotated-only keys
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert TriAttention.zero_freq_bands is True  # the default stays the paper's setting
+
+
 def test_method_zscores_and_takes_group_max(tmp_path):
     L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
     stats = random_stats(L, H, D, R, seed=5)
@@ -263,3 +304,37 @@ def test_calibrate_on_tiny_model_round_trip_and_fingerprint(tmp_path, monkeypatc
         torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
     finally:
         parent.release()
+
+
+def test_round_robin_interleaves_corpus_kinds():
+    from kvbench.corpus import Document, round_robin
+
+    docs = [Document(c, f"{c}{i}", "x") for c, k in (("a", 3), ("b", 1), ("c", 2)) for i in range(k)]
+    assert [d.doc_id for d in round_robin(docs)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert round_robin([]) == []
+
+
+def test_calibrate_command_uses_every_kind_within_the_trained_length(tmp_path, monkeypatch, capsys):
+    """`kvbench calibrate` on two kinds with a budget of two documents uses the first of each kind (not the
+    first kind's two), each cut to the model's trained context_length."""
+    from kvbench import cli
+    from kvbench.models import load_model
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    texts = {}
+    for kind in ("a-kind", "b-kind"):
+        (tmp_path / "corpus" / kind).mkdir(parents=True)
+        for i in range(2):
+            texts[kind, i] = " ".join(f"{kind}{i}w{j}" for j in range(40))  # over 40 byte tokens
+            (tmp_path / "corpus" / kind / f"{i}.txt").write_text(texts[kind, i])
+    lm = load_model("tiny-random")
+    lm.context_length = 40  # as a model whose kvbench_builtin.json states a trained length of 40
+    monkeypatch.setattr("kvbench.models.load_model", lambda *a, **k: lm)
+    out = tmp_path / "stats.safetensors"
+    args = ["calibrate", "triattention", "--corpus", str(tmp_path / "corpus"), "--max-tokens", "80"]
+    monkeypatch.setattr("sys.argv", ["kvbench", *args, "--out", str(out)])
+    cli.main()  # returns on success (exit 2 would raise SystemExit)
+    got = load_stats(out, lm.fingerprint)
+    assert (got.metadata["n_documents"], got.metadata["n_tokens"], got.metadata["max_len"]) == (2, 80, 40)
+    want = calibrate(lm.model, lm.tokenizer, [texts["a-kind", 0], texts["b-kind", 0]], max_tokens=80, max_len=40)
+    assert torch.equal(got.q_mean_re, want.q_mean_re) and torch.equal(got.q_abs_mean, want.q_abs_mean)
