@@ -495,8 +495,12 @@ def _iter_file(path: Path, notes: list[str]) -> Iterator[dict]:
     legacy = 0
     try:
         with open(path, "rb") as fh:
+            # read what the file holds now, never what a writer appends meanwhile: a line it is cutting
+            # stays the last one read
+            remaining = os.fstat(fh.fileno()).st_size
             number, bad = 0, None  # ``bad``: the last bad line seen, corruption unless it turns out last
-            for line in fh:
+            while remaining > 0 and (line := fh.readline(remaining)):
+                remaining -= len(line)
                 number += 1
                 if bad is not None:
                     raise ResultsError(
