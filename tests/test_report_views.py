@@ -16,7 +16,8 @@ from kvbench.report import data as D
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING
 
-BASE = {"model": "m", "engine": "torch", "bench": "b", "seed": 42, "length": 1024, "real_fork": True}
+BASE = {"model": "m", "engine": "torch", "bench": "b", "seed": 42, "length": 1024, "real_fork": True,
+        "context_sha256": "c0", "model_fingerprint": "f0"}
 
 
 def row(method, task, item, q, p, score, alloc="flat", **kw) -> dict:
@@ -67,7 +68,7 @@ def test_bootstrap_matches_a_brute_force_loop_over_resamples():
                 rows.append(row(m, "mix", item, q, 0.5, float(rng.integers(0, 101)), scorer=sub))
     b = 300
     got = T.paired_bootstrap(D.frame(rows), "ref", n_resamples=b, seed=5).iloc[0]
-    key = ("m", "", "torch", "b", "1024", "42", "mix")
+    key = ("m", "f0", "torch", "b", "1024", "42", "mix")
     w = T.resample_weights(7, b, (5, zlib.crc32("\x1f".join(key).encode())))
     df = pd.DataFrame(rows)
     pairs = df[df.method == "x"].merge(df[df.method == "ref"], on=["item", "question", "scorer"])
@@ -141,7 +142,7 @@ def test_sessions_per_gpu_hand_worked():
     shape = {"n_attn_layers": 16, "n_kv_heads": 4, "head_dim": 256, "dtype_bytes": 2, "weight_bytes": 54 * 10**9}
     rows = [row("snapkv", "t", i, 0, 0.5, 0, stored_bytes=500 + 100 * (i - 1), full_bytes=1000, n_context=10)
             for i in range(3)]  # ratios 0.4, 0.5, 0.6 -> mean 0.5  # fmt: skip
-    mem = T.memory_view(D.frame(rows), {("m", ""): shape}, T.parse_bytes("141GB"), 131072).iloc[0]
+    mem = T.memory_view(D.frame(rows), {("m", "f0"): shape}, T.parse_bytes("141GB"), 131072).iloc[0]
     assert mem.full_per_token == 65536 and mem.measured_per_token == 100
     assert mem.kept_ratio == pytest.approx(0.5) and mem.session_bytes == pytest.approx(2**32)
     assert mem.sessions == 20
@@ -207,19 +208,20 @@ def test_load_merges_shards_skips_a_torn_last_line_and_never_writes(tmp_path):
     assert sorted(df["item"].astype(str)) == ["0", "1", "2"]  # r0 twice -> once
     assert missing == {"b/absent": "absent.json not found"}
     assert any("incomplete last line" in n and "shard-1-of-2" in n for n in notes)
-    assert any("1 rows appear in more than one" in n for n in notes)
+    assert any("1 rows stored more than once" in n for n in notes)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     (a / "results.jsonl").write_text("{not json\n" + json.dumps(r0) + "\n")
     with pytest.raises(KvbenchError, match="line 1 is not a valid result row"):
         D.load(a)
-    with pytest.raises(KvbenchError, match="no results in"):
+    with pytest.raises(KvbenchError, match="no results (in|directory)"):
         D.load(tmp_path / "empty")
 
 
 def test_frame_defaults_and_labels():
-    df = D.frame([{"model": "m", "method": "tri", "allocation": "flat", "p": 0.5, "score": 1, "task": "t",
+    df = D.frame([{"model": "m", "method": "tri[zero_freq_bands=false]", "allocation": "flat", "p": 0.5, "score": 1,
+                   "task": "t",
                    "method_options": {"zero_freq_bands": False}, "scorer": "scbench_qa_chn_revised",
                    "scores": {"scbench_qa_chn": 7, "scbench_qa_chn_revised": 1}}])  # fmt: skip
     r = df.iloc[0]
-    assert r.label == "tri [flat] {zero_freq_bands=False}" and r.length == "n/a" and r.seed == "n/a"
+    assert r.label == "tri[zero_freq_bands=false] [flat]" and r.length == "n/a" and r.seed == "n/a"
     assert r.score_official == 7 and r.score_revised == 1 and r.real_fork and not r.query_aware

@@ -10,7 +10,8 @@ parsed one by one into columns (the prediction, references and meta fields are n
 * identity: ``model, engine, bench, task, method, allocation, item, question`` (categorical str), ``p`` (float,
   rounded to 4 decimals), ``model_fingerprint, context_sha256`` (str, ``""`` when not recorded), ``length`` and
   ``seed`` (str, ``"n/a"`` when not recorded: older rows lack ``length``);
-* ``label``: ``"method [allocation]"``, plus `` {option=value,…}`` for rows run with non-default method options;
+* ``label``: ``"method [allocation]"`` (rows run with non-default method options have the method
+  ``METHOD[OPTION=VALUE,…]``, so they get labels of their own);
 * scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
   scorer has no revision), ``sub`` (the sub-task of a mixed SCBench task, ``""`` elsewhere), ``scorer``;
 * flags: ``real_fork``, ``query_aware``, ``random_weights`` (bool);
@@ -65,11 +66,8 @@ class _Columns:
             s[c].append(self._s(row.get(c)))
         s["length"].append(self._s(row.get("length"), "n/a"))
         s["seed"].append(self._s(row.get("seed"), "n/a"))
-        options = row.get("method_options")
-        label = f"{row.get('method')} [{row.get('allocation')}]"
-        if options:
-            label += " {" + ",".join(f"{k}={v}" for k, v in sorted(dict(options).items())) + "}"
-        s["label"].append(self._s(label))
+        # a run with non-default method options names its method METHOD[OPTION=VALUE,…] already (the runner)
+        s["label"].append(self._s(f"{row.get('method')} [{row.get('allocation')}]"))
         scorer = str(row.get("scorer") or "")
         s["scorer"].append(self._s(scorer))
         s["sub"].append(self._s(_sub_task(str(row.get("task")), scorer)))

@@ -135,7 +135,7 @@ def _declared_default(method: str) -> str | None:
     try:
         from kvbench.methods import method_class
 
-        return method_class(method).default_allocation
+        return method_class(method.split("[", 1)[0]).default_allocation  # METHOD[OPTION=VALUE]: a variant
     except Exception:  # a third-party method not installed where the report runs
         return None
 
@@ -312,8 +312,7 @@ def allocation_ablation(avg: pd.DataFrame) -> pd.DataFrame:
     """Methods run with more than one allocation: per (SETTING, method, allocation, p) the averaged score and
     its difference (points) to the same method's default allocation at that p (``delta``; 0 for the default)."""
     cols = [*SETTING, "method", "allocation", "default", "p", "score", "delta", "partial"]
-    plain = avg.label == avg.method + " [" + avg.allocation + "]"  # rows without non-default method options
-    a = avg[~avg.query_aware.astype(bool) & (avg.method != FULL) & plain]
+    a = avg[~avg.query_aware.astype(bool) & (avg.method != FULL)]  # a variant METHOD[OPTION=VALUE] is its own method
     out = []
     for (*_, method), g in a.groupby([*SETTING, "method"], sort=True):
         allocs = sorted(set(g.allocation))
