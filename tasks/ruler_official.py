@@ -112,7 +112,8 @@ class _Run:
             g = self.gen
             raise TooShortError(
                 f"--length {self.length} is too short for {g.bench}/{g.task}: with the smallest haystack "
-                f"({floor} {g.unit}) a prompt takes {need} tokens with the {g.gen} to generate; use a longer --length"
+                f"({floor} {g.unit}) a prompt takes {need} tokens with the {g.gen} to generate; "
+                + (f"use --length >= {need}" if need is not None else "use a longer --length")
             )
         return self._final(best)
 
