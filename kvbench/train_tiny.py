@@ -91,12 +91,20 @@ NO_EXTERNAL_DATA_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3",
 # Tokenizer
 
 
+def _ruler_bench():
+    """The RULER bench training data is drawn from: ``per_item`` sampling (one seeded draw per example, the
+    draws the shipped model was trained on; ``official`` RULER sampling is for evaluation)."""
+    from kvbench.tasks.ruler import RulerBench
+
+    bench = RulerBench()
+    bench.sampling = "per_item"
+    return bench
+
 def _tokenizer_corpus(n_per_task: int = 4) -> list[str]:
     """Deterministic training text for the tokenizer: RULER contexts of every training task (seeds >=
     TRAIN_SEED_BASE, byte-tokenizer sizing at 2,048), the task templates and synthetic text."""
     from kvbench.models import byte_tokenizer
     from kvbench.prompt import prompt_length
-    from kvbench.tasks.ruler import RulerBench
 
     bt = byte_tokenizer()
     measure = prompt_length(bt)
@@ -105,7 +113,7 @@ def _tokenizer_corpus(n_per_task: int = 4) -> list[str]:
         if task in DENSE_TASKS:
             continue
         for i in range(n_per_task):
-            for ctx in RulerBench().contexts(
+            for ctx in _ruler_bench().contexts(
                 task, length=3000, limit=1, seed=TRAIN_SEED_BASE + 7919 * i + 1, prompt_length=measure
             ):
                 for q in ctx.questions:
@@ -265,7 +273,6 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
     """(ids, answer mask, references) of one RULER item sized so that prompt + answer + eos <= length, or None
     when the task cannot fit ``length``."""
     from kvbench.prompt import render
-    from kvbench.tasks.ruler import RulerBench
 
     eos = tokenizer.eos_token_id
 
@@ -276,7 +283,7 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
         return len(r.context_ids) + len(r.question_ids[0]) + len(answer) + 1 - q.max_new_tokens
 
     try:
-        ctx = next(iter(RulerBench().contexts(task, length=length, limit=1, seed=ex_seed, prompt_length=measure)))
+        ctx = next(iter(_ruler_bench().contexts(task, length=length, limit=1, seed=ex_seed, prompt_length=measure)))
     except KvbenchError:
         return None
     r = render(tokenizer, ctx)
