@@ -4,8 +4,9 @@
 # skipped), so a rerun after a code change of the report only re-renders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/kvbench run --method full,random,snapkv,keydiff,triattention,kvzip,gatesight --bench ruler \
+.venv/bin/kvbench run --method full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle --bench ruler \
   --task niah_single_1,niah_multikey_2 --p 0.5,0.1 --limit 5 --out results/default
 .venv/bin/kvbench report --results results/default --out reports/default
+mkdir -p docs
 cp reports/default/figures/averaged-*.png docs/report-default.png
 echo "docs/report-default.png <- $(ls reports/default/figures/averaged-*.png)"
