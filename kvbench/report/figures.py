@@ -60,7 +60,7 @@ def _legend(fig: Figure, axes) -> None:
                 handles[lab] = h
                 labels.append(lab)
     if labels:
-        fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center", ncol=min(4, len(labels)),
+        fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center", ncol=min(3, len(labels)),
                    fontsize=8, frameon=False)  # fmt: skip
 
 
@@ -95,7 +95,7 @@ def averaged_curves(avg: pd.DataFrame, title: str, palette: dict) -> Figure:
     _panel(ax, avg, palette, None)
     ax.set_xlabel("kept fraction p")
     ax.set_ylabel("mean accuracy over tasks (%)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title.replace(" — ", "\n"), fontsize=9)  # what, then the setting: one line each
     _legend(fig, [ax])
     return fig
 
@@ -104,6 +104,7 @@ def save(fig: Figure, stem: Path, dpi: int = 110) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf``; return both paths."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=dpi)
-    fig.savefig(paths[1])
+    # "tight": the canvas grows to hold a long title or a wide legend instead of cutting them off
+    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight", pad_inches=0.1)
+    fig.savefig(paths[1], bbox_inches="tight", pad_inches=0.1)
     return paths
