@@ -966,7 +966,7 @@ def write_calibration_corpus(out_dir, n_docs: int = 16, n_chars: int = 4000, see
 def evaluate_quick(model_dir, tasks=("niah_single_1",), length: int = 1024, limit: int = 20, out=None) -> dict:
     """Greedy accuracy per task at full cache through kvbench's runner (bench ruler, method ``full``,
     evaluation seed 42). Returns ``{task: mean score}`` over the tasks that fit ``length`` (a task whose
-    prompt cannot fit, like ``cwe`` below 1,047 tokens, is left out and named on stderr); rows stay in
+    prompt cannot fit ``length`` is left out and named on stderr); rows stay in
     ``out`` (a temp dir by default)."""
     import sys
     import tempfile

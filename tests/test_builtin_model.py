@@ -93,7 +93,8 @@ def test_default_model_retrieves_at_full_cache():
     length = models.load_model().context_length
     scores = evaluate_quick(Path(SHIPPED), tasks=("niah_single_1", "cwe"), length=length, limit=10)
     assert scores["niah_single_1"] >= 80.0, scores
-    assert "cwe" not in scores  # its prompt does not fit 1,024 tokens: left out, not scored 0
+    # RULER's own cwe items fit 1,024 tokens (877-902 with this tokenizer): scored, not left out
+    assert "cwe" in scores and 0.0 <= scores["cwe"] <= 100.0
 
 
 def test_fingerprint_does_not_depend_on_where_the_model_is(tmp_path):
