@@ -164,7 +164,10 @@ def test_an_input_error_inside_a_shard_exits_2_and_stops_every_shard(tmp_path, c
     out = tmp_path / "ray"
     assert kvbench(*RUN, "--method", "test-keynorm", "--p", "0.5", "--limit", "2", "--ray", "--out", str(out)) == 2
     err = capsys.readouterr().err
-    assert "test-keynorm" in err and "Traceback" not in err
+    # Ray's own start-up log line may fail to reach an earlier test's (closed) capture, and Python's logging
+    # then prints "--- Logging error ---" with a traceback: that report is pytest's, not kvbench's
+    own = err.split("--- Logging error ---")[0] + err.rsplit("Arguments: ()", 1)[-1]
+    assert "test-keynorm" in own and "Traceback" not in own
     assert not rows_of(out)
 
 
