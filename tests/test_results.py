@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,9 @@ def test_a_reader_racing_a_writer_50_times_loses_no_row(tmp_path):
     writer = spawn(tmp_path, "0/1", "slow-writes")
     seen, noted = [], 0
     try:
+        path, deadline = tmp_path / "results.jsonl", time.monotonic() + 120
+        while not (path.exists() and b"\n" in path.read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writer starts up (imports) before its first row: read once it writes
         for _ in range(50):
             read = read_results(tmp_path)
             items = [r["item"] for r in read.rows]
