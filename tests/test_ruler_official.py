@@ -19,12 +19,9 @@ from kvbench.tasks import Context, Question, get_bench
 from kvbench.tasks import ruler_official as official
 from kvbench.tasks.ruler_data import NiahKeys, niah_key_parts
 
+from .test_ruler import REAL_ESSAY, TASKS  # the 13 task names, written out once
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ruler_official"
-REAL_ESSAY = Path(__file__).resolve().parents[2] / "shared" / "data" / "ruler" / "PaulGrahamEssays.json"
-TASKS = [
-    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-    "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2",
-]  # fmt: skip
 SEEDS = (42, 7)
 LENGTHS = (1024, 4096)
 #: Runs where RULER's own script never finishes, so there is no RULER output to compare with. With the
