@@ -7,16 +7,25 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: these tests run in .venv-vllm (scripts/setup_vllm.sh)")
 
-from kvbench.methods import list_methods  # noqa: E402
+from kvbench.methods import list_methods, method_class  # noqa: E402
 from tests.test_cli import kvbench, read_rows  # noqa: E402
 
 
 def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
-    """Every built-in method runs under --engine vllm with its default allocation (KVzip's ``global`` keeps
-    different counts per KV head: head pages), and with a per-head-uniform one (--allocation flat)."""
-    methods = [m for m in list_methods() if not m.startswith("test-")]
+    """Every built-in method that does not name its engines runs under --engine vllm with its default
+    allocation (KVzip's ``global`` keeps different counts per KV head: head pages), and with a per-head-uniform
+    one (--allocation flat). A method that names the torch engine only (``oracle``: it reads ``W_O`` from the
+    model) is refused before any model loads, exit 2, and writes nothing."""
+    builtin = [m for m in list_methods() if not m.startswith("test-")]
+    methods = [m for m in builtin if "vllm" in (getattr(method_class(m), "engines", None) or ("vllm",))]
+    torch_only = sorted(set(builtin) - set(methods))
+    assert "oracle" in torch_only and "kvzip" in methods and "gatesight" in methods
     common = ["--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5"]
     out = tmp_path / "run"
+    for name in torch_only:
+        assert kvbench("run", "--method", f"full,{name}", *common, "--out", str(out)) == 2
+        assert "--engine torch" in capsys.readouterr().err
+        assert not out.exists()
     assert kvbench("run", "--method", ",".join(methods), *common, "--out", str(out)) == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert {r["method"] for r in rows} == set(methods)
