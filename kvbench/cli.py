@@ -406,6 +406,10 @@ def train_tiny(
     arch: str = typer.Option(
         "qwen3_next", "--arch", help="qwen3_next (MoE, the shipped tiny-trained) | qwen3_5 (dense qwen3_5_text twin)."
     ),
+    tokenizer_dir: Optional[Path] = typer.Option(
+        None, "--tokenizer", help="Start from this tokenizer directory instead of training one (e.g. "
+        "kvbench/builtin/tiny-trained, so a twin shares its tokenizer); a first stage only.",
+    ),
 ) -> None:
     """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
     The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
@@ -416,11 +420,20 @@ def train_tiny(
     if card_note is not None and not export:
         raise KvbenchError("--card-note only applies to an export; add --export DIR")
     note = _read_text_file(card_note, "--card-note") if card_note is not None else ""
+    tok = None
+    if tokenizer_dir is not None:
+        if init is not None:
+            raise KvbenchError("--tokenizer applies to a first stage; a stage with --init keeps its model's tokenizer")
+        if not (tokenizer_dir / "tokenizer.json").is_file():
+            raise KvbenchError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there; give a tokenizer directory")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     final = T.train(
         out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
         curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
         resume=resume, save_every=save_every, threads=threads,
-        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch,
+        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch, tokenizer=tok,
     )  # fmt: skip
     err_console.print(f"[green]done:[/green] model in {final}")
     target = T.export_builtin(final, export, note=note) if export else final

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import operator
 import os
 import re
 import sys
@@ -44,6 +45,7 @@ __all__ = [
     "ResultsError",
     "ResultsRead",
     "ResultsStore",
+    "iter_keyed_results",
     "iter_results",
     "read_results",
     "results_name",
@@ -81,18 +83,24 @@ def results_name(shard: tuple[int, int] = (0, 1)) -> str:
     return "results.jsonl" if n == 1 else f"results.shard-{i}-of-{n}.jsonl"
 
 
+_KEY_FIELDS = operator.itemgetter(*ROW_KEY)
+_P = ROW_KEY.index("p")
+
+
 def row_key(row: Mapping[str, Any]) -> tuple:
     """The identity of a row: its ROW_KEY fields, ``p`` rounded to 4 decimals, everything else ``str``."""
-    missing = [k for k in ROW_KEY if k not in row]
-    if missing:
-        raise ResultsError(f"row is missing key field(s) {missing}; every row needs all of {list(ROW_KEY)}")
     try:
-        p = round(float(row["p"]), 4)
+        values = list(map(str, _KEY_FIELDS(row)))
+    except KeyError:
+        missing = [k for k in ROW_KEY if k not in row]
+        raise ResultsError(f"row is missing key field(s) {missing}; every row needs all of {list(ROW_KEY)}") from None
+    try:
+        values[_P] = round(float(row["p"]), 4)
     except (TypeError, ValueError):
         raise ResultsError(
             f"row field p={row['p']!r} is not a number (the kept fraction, e.g. 0.5)"
         ) from None
-    return tuple(p if k == "p" else str(row[k]) for k in ROW_KEY)
+    return tuple(values)
 
 
 def _is_legacy(row: Mapping[str, Any]) -> bool:
@@ -100,21 +108,29 @@ def _is_legacy(row: Mapping[str, Any]) -> bool:
     return all(k in row for k in LEGACY_KEY) and any(k not in row for k in _NEW_KEY)
 
 
-def _parse(line: bytes) -> dict | None:
-    """The row (or legacy row) stored on one line, or None when the line is not a complete, valid row."""
+#: what :func:`_parse_keyed` returns for a legacy row in place of its key
+LEGACY = ()
+
+
+def _parse_keyed(line: bytes) -> tuple[dict, tuple] | None:
+    """``(row, row_key(row))`` for a complete, valid row on one line, ``(row, LEGACY)`` for a legacy row, None
+    for anything else. One key computation and one legacy check per row: readers parse millions."""
     try:
         row = json.loads(line)
     except ValueError:
         return None
     if not isinstance(row, dict):
         return None
-    if _is_legacy(row):
-        return row
     try:
-        row_key(row)
+        return row, row_key(row)
     except ResultsError:
-        return None
-    return row
+        return (row, LEGACY) if _is_legacy(row) else None
+
+
+def _parse(line: bytes) -> dict | None:
+    """The row (or legacy row) stored on one line, or None when the line is not a complete, valid row."""
+    parsed = _parse_keyed(line)
+    return None if parsed is None else parsed[0]
 
 
 @dataclass
@@ -464,9 +480,16 @@ def read_results(dirs: Path | str | Sequence[Path | str]) -> ResultsRead:
 def iter_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[dict]:
     """The rows :func:`read_results` returns, one at a time (a paper-sized sweep is never held as dicts);
     ``out.missing`` and ``out.notes`` are filled as the files are read, ``out.rows`` is left alone."""
+    return (row for _, row in iter_keyed_results(dirs, out))
+
+
+def iter_keyed_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[tuple[tuple, dict]]:
+    """``(key, row)`` for every row :func:`iter_results` yields, ``key`` being :func:`row_key` with every field
+    an interned ``str`` (``p`` too, as ``str`` of its rounded value)."""
     dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
     seen: set[tuple] = set()
     duplicates = 0
+    intern = sys.intern
     for d in dirs:
         if not d.is_dir():
             raise ResultsError(f"no results directory {d}: run `kvbench run --out {d}` first")
@@ -476,20 +499,21 @@ def iter_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> I
             raise ResultsError(f"no results in {d}: run `kvbench run --out {d}` first")
         out.missing.update(missing)
         for path in files:
-            for row in _iter_file(path, out.notes):
-                key = tuple(map(sys.intern, map(str, row_key(row))))  # key fields repeat: stored once
+            for key, row in _iter_file(path, out.notes):
+                key = tuple(map(intern, map(str, key)))  # key fields repeat: stored once
                 if key in seen:
                     duplicates += 1
                     continue
                 seen.add(key)
-                yield row
+                yield key, row
     if duplicates:
         out.notes.append(f"{duplicates} rows stored more than once (overlapping shards?) were counted once")
 
 
-def _iter_file(path: Path, notes: list[str]) -> Iterator[dict]:
-    """The rows of one results file, line by line, by the rules of :func:`_scan` (a bad line that is not the
-    last is corruption; an incomplete last line is skipped and noted), without changing the file."""
+def _iter_file(path: Path, notes: list[str]) -> Iterator[tuple[tuple, dict]]:
+    """``(row_key(row), row)`` for the rows of one results file, line by line, by the rules of :func:`_scan` (a
+    bad line that is not the last is corruption; an incomplete last line is skipped and noted), without
+    changing the file."""
     if path.is_dir():
         raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
     legacy = 0
@@ -507,14 +531,14 @@ def _iter_file(path: Path, notes: list[str]) -> Iterator[dict]:
                         f"{path}: line {number - 1} is not a valid result row; fix or delete that line by hand "
                         "(reading changes nothing)"
                     )
-                row = _parse(line.rstrip(b"\n")) if line.strip() else None
-                if row is None:
+                parsed = _parse_keyed(line) if line.strip() else None
+                if parsed is None:
                     bad = line
                     continue
-                if _is_legacy(row):
+                if parsed[1] == LEGACY:
                     legacy += 1
                     continue
-                yield row
+                yield parsed[1], parsed[0]
     except OSError as e:
         fix = "fix its permissions or use another --out"
         raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None

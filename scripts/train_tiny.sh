@@ -3,32 +3,42 @@
 # scratch, on CPU: six training stages, the export (bf16 copy + model card + full-cache RULER accuracy),
 # then scripts/calibrate_tiny.sh. Deterministic; each stage resumes from its latest checkpoint if cut.
 # About 100 + 85 + 10 + 25 + 50 + 30 minutes of training on 2 idle cores, then about 40 minutes of calibration.
-# Usage: bash scripts/train_tiny.sh [OUT]   (default OUT: models/tiny-trained)
+# ARCH=qwen3_5 trains the dense twin (kvbench/builtin/tiny-trained-dense) with the same stages, starting
+# from tiny-trained's tokenizer instead of training one.
+# Usage: [ARCH=qwen3_next|qwen3_5] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-models/tiny-trained}
+ARCH=${ARCH:-qwen3_next}
+case "$ARCH" in
+  qwen3_next) NAME=tiny-trained; FIRST=() ;;
+  qwen3_5) NAME=tiny-trained-dense; FIRST=(--tokenizer kvbench/builtin/tiny-trained) ;;
+  *) echo "ARCH=$ARCH: valid are qwen3_next, qwen3_5" >&2; exit 2 ;;
+esac
+OUT=${1:-models/$NAME}
+kvbench() { .venv/bin/kvbench "$@"; }
+train() { kvbench train-tiny --arch "$ARCH" "$@"; }
 # Stage 1: tokenizer, then 3,850 steps from scratch, curriculum 128 -> 256 -> 512 -> 1,024 (the defaults).
-.venv/bin/kvbench train-tiny --out "$OUT/stage1" --eval-limit 0
+train --out "$OUT/stage1" --eval-limit 0 "${FIRST[@]}"
 # Stage 2: 800 steps at 1,024 tokens from stage 1's weights, weighted to multi-key retrieval, vt and fwe.
-.venv/bin/kvbench train-tiny --out "$OUT/stage2" --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
+train --out "$OUT/stage2" --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
   --curriculum 1024@0 \
   --mix niah_single_1=0.08,niah_multikey_2=0.25,niah_multikey_3=0.2,vt=0.1,fwe=0.07,recall=0.2,chains=0.05,repeat=0.05 \
   --eval-limit 0
 # Stage 3: key matching. 600 steps at 256 tokens of "echo" rows (questions in the needle's own wording, which
 # a copying head answers) and "lookup" rows (RULER's wording, needles drawn with replacement).
-.venv/bin/kvbench train-tiny --out "$OUT/stage3" --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
+train --out "$OUT/stage3" --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
   --curriculum 256@0 --save-every 100 --mix echo=0.5,lookup=0.5 --eval-limit 0
 # Stage 4: back to every task, 512 then 1,024 tokens, keeping lookup and echo rows in the mix.
-.venv/bin/kvbench train-tiny --out "$OUT/stage4" --init "$OUT/stage3/final" --seed 12 --steps 300 --lr 1.5e-3 \
+train --out "$OUT/stage4" --init "$OUT/stage3/final" --seed 12 --steps 300 --lr 1.5e-3 \
   --curriculum 512@0,1024@0.4 --save-every 50 \
   --mix echo=0.1,lookup=0.25,niah_multikey_2=0.15,niah_multikey_3=0.05,vt=0.15,chains=0.1,fwe=0.12,niah_single_1=0.05,repeat=0.03 \
   --eval-limit 0
 # Stages 5-6: more 1,024-token steps weighted to multi-key retrieval, vt and fwe (their losses were still
 # falling after stage 4); export after stage 6.
 MIX56=echo=0.05,lookup=0.2,niah_multikey_2=0.2,niah_multikey_3=0.1,vt=0.18,chains=0.07,fwe=0.15,niah_single_1=0.03,repeat=0.02
-.venv/bin/kvbench train-tiny --out "$OUT/stage5" --init "$OUT/stage4/final" --seed 13 --steps 450 --lr 1e-3 \
+train --out "$OUT/stage5" --init "$OUT/stage4/final" --seed 13 --steps 450 --lr 1e-3 \
   --curriculum 1024@0 --save-every 50 --mix "$MIX56" --eval-limit 0
-.venv/bin/kvbench train-tiny --out "$OUT/stage6" --init "$OUT/stage5/final" --seed 14 --steps 300 --lr 7e-4 \
+train --out "$OUT/stage6" --init "$OUT/stage5/final" --seed 14 --steps 300 --lr 7e-4 \
   --curriculum 1024@0 --save-every 50 --mix "$MIX56" \
-  --eval-limit 15 --export kvbench/builtin/tiny-trained --card-note scripts/tiny_trained_card_note.md
-bash scripts/calibrate_tiny.sh
+  --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"
+bash scripts/calibrate_tiny.sh "$NAME"

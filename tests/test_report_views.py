@@ -225,3 +225,39 @@ def test_frame_defaults_and_labels():
     r = df.iloc[0]
     assert r.label == "tri[zero_freq_bands=false] [flat]" and r.length == "n/a" and r.seed == "n/a"
     assert r.score_official == 7 and r.score_revised == 1 and r.real_fork and not r.query_aware
+
+
+def test_load_equals_frame_of_read_results(tmp_path):
+    """``load`` (keyed fast path: identity columns from the reader's interned keys) gives exactly the frame of
+    the rows ``read_results`` returns, over what readers must handle: two shards with an overlapping row,
+    legacy rows, null and non-str key fields, mixed-task scorers with revisions, absent optional fields and a
+    cut last line."""
+    import json
+
+    from kvbench.report.data import frame, load
+    from kvbench.results import read_results
+    from tests.test_results import make_row
+
+    rows = [
+        make_row(0, task="repoqa_and_kv", scorer="scbench_repoqa_and_kv_kv", score=100.0,
+                 scores={"scbench_repoqa_and_kv_kv": 100.0, "scbench_repoqa_and_kv_kv_revised": 0.0}),
+        make_row(1, p=0.30000000000000004, seed=None, model_fingerprint=None, real_fork=False, stored_bytes=10),
+        make_row(2, item=7, question=3, length=4096, scorer="x_revised", scores={"x": 50.0}, score=25.0),
+        make_row(3, method="gatesight[window=8]", allocation="gate", query_aware=True, random_weights=True),
+    ]  # fmt: skip
+    legacy = {k: v for k, v in make_row(9).items() if k not in ("length", "seed")}
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "results.shard-0-of-2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [rows[0], legacy, rows[1]]))
+    (d / "results.shard-1-of-2.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], rows[3]]) + json.dumps(make_row(5))[:-3]
+    )
+    df, missing, notes = load(d)
+    expected = frame(read_results(d).rows)
+    pd.testing.assert_frame_equal(df, expected)
+    assert len(df) == 4 and missing == {}
+    assert any("incomplete last line" in n for n in notes) and any("older kvbench" in n for n in notes)
+    assert any("counted once" in n for n in notes)
+    assert list(df.seed.astype(str)) == ["42", "n/a", "42", "42"] and df.model_fingerprint.iloc[1] == ""
+    assert list(df["sub"].astype(str)) == ["kv", "", "", ""] and df.score_revised.iloc[0] == 0.0
+    assert df.score_official.iloc[2] == 50.0 and df.p.iloc[1] == 0.3

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.results import ResultsRead, iter_results
+from kvbench.results import ROW_KEY, ResultsRead, iter_keyed_results
 
 __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]
 
@@ -41,6 +41,10 @@ _FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full
           "score_s"]  # fmt: skip
 _BOOL = ["real_fork", "query_aware", "random_weights"]
 COLUMNS = [*_STR, *_FLOAT, *_BOOL]
+#: (index in kvbench.results.ROW_KEY, column) of the key's str columns (``p`` is a float column)
+_KEY_STR = [(i, c) for i, c in enumerate(ROW_KEY) if c != "p"]
+_KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (ROW_KEY.index(c) for c in ("p", "method", "allocation", "task"))
+_MISSING = {"length": "n/a", "seed": "n/a"}
 REVISED = "_revised"
 
 
@@ -82,6 +86,35 @@ class _Columns:
         b["real_fork"].append(bool(row.get("real_fork", True)))
         b["query_aware"].append(bool(row.get("query_aware", False)))
         b["random_weights"].append(bool(row.get("random_weights", False)))
+
+    def add_keyed(self, key: tuple, row: dict) -> None:
+        """:meth:`add` for a row whose :func:`kvbench.results.row_key` (interned ``str`` fields, as
+        :func:`kvbench.results.iter_keyed_results` yields it) is known: its identity columns come from the key
+        (the same text :meth:`add` would store) instead of the row."""
+        s, f, b = self.str, self.float, self.bool
+        for i, c in _KEY_STR:
+            value = key[i]
+            if value == "None" and row.get(c) is None:  # a null field: the column's "not recorded" text
+                value = self._s(None, _MISSING.get(c, ""))
+            s[c].append(value)
+        method, allocation, task = key[_KEY_METHOD], key[_KEY_ALLOCATION], key[_KEY_TASK]
+        s["label"].append(self._s(f"{method} [{allocation}]"))
+        scorer = row.get("scorer")
+        scorer = self._s(scorer if isinstance(scorer, str) else str(scorer or ""))
+        s["scorer"].append(scorer)
+        s["sub"].append(self._s(_sub_task(task, scorer)) if task in scorer else "")
+        score = _num(row.get("score"))
+        official, revised = _official_revised(score, scorer, row.get("scores") or {})
+        f["p"].append(float(key[_KEY_P]))
+        f["score"].append(score)
+        f["score_official"].append(official)
+        f["score_revised"].append(revised)
+        get = row.get
+        for c in ("stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s"):
+            f[c].append(_num(get(c)))
+        b["real_fork"].append(bool(get("real_fork", True)))
+        b["query_aware"].append(bool(get("query_aware", False)))
+        b["random_weights"].append(bool(get("random_weights", False)))
 
     def frame(self) -> pd.DataFrame:
         data: dict[str, object] = {c: pd.Categorical(v) for c, v in self.str.items()}
@@ -128,8 +161,8 @@ def load(dirs: Path | Sequence[Path]) -> tuple[pd.DataFrame, dict[str, str], lis
     streamed into columns."""
     read = ResultsRead()
     cols = _Columns()
-    for row in iter_results(dirs, read):
-        cols.add(row)
+    for key, row in iter_keyed_results(dirs, read):
+        cols.add_keyed(key, row)
     return cols.frame(), read.missing, read.notes
 
 
