@@ -52,20 +52,23 @@ def chunk_attention_max(
     to every probe row), lse ``[H, T]``: each probe row's float32 log-sum-exp over every key it attends to
     (the whole cache and the probe keys ``0..t``, see :func:`kvbench.engines.base.attention_logsumexp`).
     The weight of key ``i`` for row ``t`` is ``exp(scale * q_t.k_i - lse_t)``, exactly the softmax entry of
-    the full distribution, so only the ``T x c`` logits of the chunk are formed. Returns ``[H_kv, c]``: max
-    over the query heads of each KV head and over ``t`` (float32). Rows go in blocks of about ``block_elems``.
+    the full distribution, so only the ``T x c`` logits of the chunk are formed (one fused multiply-add per
+    block: ``baddbmm(-lse, scale * q, k^T)``, then ``exp`` in place). Returns ``[H_kv, c]``: max over the query
+    heads of each KV head and over ``t`` (float32). The query heads of one KV head (``h // (H / H_kv)``) are
+    taken together as ``group * T`` rows, in blocks of about ``block_elems`` logits.
     """
-    H, T, _ = queries.shape
+    H, T, D = queries.shape
     H_kv, c, _ = chunk_keys.shape
-    group = H // H_kv
-    keys = chunk_keys.float().repeat_interleave(group, 0)  # [H, c, D]
-    out = torch.zeros(H, c, dtype=torch.float32, device=queries.device)
-    rows = max(1, block_elems // (H * max(c, 1)))
-    for start in range(0, T, rows):
-        logits = torch.einsum("hrd,hkd->hrk", queries[:, start : start + rows].float(), keys) * scale
-        weights = (logits - lse[:, start : start + rows, None].to(logits.device)).exp_()
-        out = torch.maximum(out, weights.amax(1))
-    return out.view(H_kv, group, c).amax(1)
+    rows_all = (H // H_kv) * T
+    q = (queries.float() * scale).reshape(H_kv, rows_all, D)  # query heads of KV head g are rows of g
+    neg_lse = lse.to(queries.device, torch.float32).neg().reshape(H_kv, rows_all, 1)
+    keys_t = chunk_keys.float().transpose(1, 2)  # [H_kv, D, c]
+    out = torch.zeros(H_kv, c, dtype=torch.float32, device=queries.device)
+    rows = max(1, block_elems // (H_kv * max(c, 1)))
+    for start in range(0, rows_all, rows):
+        weights = torch.baddbmm(neg_lse[:, start : start + rows], q[:, start : start + rows], keys_t).exp_()
+        torch.maximum(out, weights.amax(1), out=out)
+    return out
 
 
 @register_method

@@ -56,23 +56,22 @@ def test_attention_logsumexp_against_explicit_loop():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_sdpa_with_lse_equals_sdpa_and_explicit_lse(fused):
-    """The probe's attention call: output == plain SDPA (bit-identical on the fused CPU kernel), lse == the
-    explicit log-sum-exp, for the bottom-right causal mask a probe uses and for a square causal block."""
+    """The probe's attention call against plain SDPA with the bottom-right causal mask and the explicit
+    log-sum-exp: a probe after a context (fused: two kernel calls merged by their log-sum-exps, equal up to
+    rounding), a square causal block and a single query (fused: one call, bit-identical)."""
     g = torch.Generator().manual_seed(4)
-    H, H_kv, q_len, kv, D = 4, 2, 5, 12, 16
-    q = torch.randn(1, H, q_len, D, generator=g)
+    H, H_kv, kv, D = 4, 2, 12, 16
     k, v = torch.randn(1, H_kv, kv, D, generator=g), torch.randn(1, H_kv, kv, D, generator=g)
-    mask = torch.ones(q_len, kv, dtype=torch.bool).tril(kv - q_len)
-    cases = [(q, k, v, mask, False), (q, k[:, :, :q_len], v[:, :, :q_len], None, True)]
-    for query, key, value, m, causal in cases:
-        out, lse = _sdpa_with_lse(query, key, value, m, causal, 0.25, fused=fused)
-        ref = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=m, is_causal=causal, scale=0.25, enable_gqa=True
-        )
-        if fused:
-            assert torch.equal(out, ref)
+    for q_len, kv_len in [(5, kv), (5, 5), (1, kv), (kv - 1, kv)]:
+        query = torch.randn(1, H, q_len, D, generator=g)
+        key, value = k[:, :, :kv_len], v[:, :, :kv_len]
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
+        out, lse = _sdpa_with_lse(query, key, value, 0.25, fused=fused)
+        ref = F.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=0.25, enable_gqa=True)
+        if fused and (q_len == 1 or q_len == kv_len):
+            square = F.scaled_dot_product_attention(query, key, value, is_causal=q_len > 1, scale=0.25, enable_gqa=True)
+            assert torch.equal(out, square)
         torch.testing.assert_close(out, ref)
-        visible = m if m is not None else torch.ones(q_len, q_len, dtype=torch.bool).tril()
         torch.testing.assert_close(lse[0], attention_logsumexp(query[0], key[0], visible, 0.25))
 
 

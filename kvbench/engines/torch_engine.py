@@ -57,11 +57,11 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         return _ragged_sdpa(query, key, value, ragged, scaling).transpose(1, 2).contiguous(), None
     q_len, kv_len = query.shape[2], key.shape[2]
     n_rep = query.shape[1] // key.shape[1]
-    mask, is_causal = _causal(q_len, kv_len, query.device)
     if getattr(recorder, "wants_lse", False):
-        out, lse = _sdpa_with_lse(query, key, value, mask, is_causal, scaling)
+        out, lse = _sdpa_with_lse(query, key, value, scaling)
         recorder.record_lse(f, lse[0])
     else:
+        mask, is_causal = _causal(q_len, kv_len, query.device)
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
         )
@@ -98,37 +98,42 @@ def _ragged_sdpa(
     return torch.cat(out, 1)
 
 
-def _sdpa_with_lse(
-    query, key, value, mask, is_causal, scale, fused: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output of ``F.scaled_dot_product_attention`` (bit-identical on CPU) and the float32 log-sum-exp of
-    every query row's scaled logits over the keys it attends to, ``[1, H, q]``.
+def _sdpa_with_lse(query, key, value, scale, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bottom-right causal attention (the ``q`` queries are the last ``q`` of the ``kv`` positions: a block fed
+    after the cached context) and the float32 log-sum-exp of every query row's scaled logits over the keys it
+    attends to, ``[1, H, q]``. query ``[1, H, q, D]``, key/value ``[1, H_kv, kv, D]``.
 
-    query ``[1, H, q, D]``, key/value ``[1, H_kv, kv, D]``, mask ``[q, kv]`` bool (True = attend) or None.
-    On CPU one call of the flash kernel that SDPA itself dispatches to returns both, so the log-sum-exp costs
-    nothing extra; elsewhere SDPA runs as usual and :func:`attention_logsumexp` recomputes it (same value).
-    ``fused`` overrides that choice (tests).
+    On CPU the flash kernel that SDPA itself dispatches to returns both. A square block (``q == kv``) or one
+    query is one call, bit-identical to SDPA. A probe after a context (``1 < q < kv``) is two calls with no
+    ``[q, kv]`` mask built, merged by their log-sum-exps: the context keys ``0 .. kv-q`` (all visible) and the
+    probe's own keys (square causal), ``lse = logaddexp(lse_c, lse_p)``, ``out = e^(lse_c - lse) out_c +
+    e^(lse_p - lse) out_p`` in float32: SDPA's result up to float rounding, at the cost of the attention alone.
+    Elsewhere (``fused=False``, other devices) SDPA runs with the mask and :func:`attention_logsumexp`
+    recomputes the log-sum-exp (same value).
     """
     if scale is None:
         scale = query.shape[-1] ** -0.5
     if fused is None:
         fused = query.device.type == "cpu"
+    q_len, kv_len = query.shape[2], key.shape[2]
     if fused:
-        bias = None
-        if mask is not None:
-            bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, is_causal, attn_mask=bias, scale=scale
-        )
-        return out, lse.float()
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        if q_len == 1 or q_len == kv_len:
+            out, lse = flash(query, key, value, 0.0, q_len > 1, scale=scale)
+            return out, lse.float()
+        n = kv_len - q_len
+        out_c, lse_c = flash(query, key[:, :, :n], value[:, :, :n], 0.0, False, scale=scale)
+        out_p, lse_p = flash(query, key[:, :, n:], value[:, :, n:], 0.0, True, scale=scale)
+        lse_c, lse_p = lse_c.float(), lse_p.float()
+        lse = torch.logaddexp(lse_c, lse_p)
+        out = out_c.float() * (lse_c - lse).exp_()[..., None] + out_p.float() * (lse_p - lse).exp_()[..., None]
+        return out.to(query.dtype), lse
+    mask, is_causal = _causal(q_len, kv_len, query.device)
     n_rep = query.shape[1] // key.shape[1]
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=n_rep > 1
     )
-    q_len, kv_len = query.shape[2], key.shape[2]
-    visible = mask if mask is not None else torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
-    if mask is None and is_causal:
-        visible = visible.tril(kv_len - q_len)
+    visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     return out, attention_logsumexp(query[0], key[0], visible, scale)[None]
 
 
