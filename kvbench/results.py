@@ -45,9 +45,14 @@ __all__ = [
     "ResultsError",
     "ResultsRead",
     "ResultsStore",
+    "FileStats",
+    "duplicates_note",
+    "file_spans",
+    "iter_file",
     "iter_keyed_results",
     "iter_results",
     "read_results",
+    "results_files",
     "results_name",
     "row_key",
 ]
@@ -486,10 +491,33 @@ def iter_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> I
 def iter_keyed_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[tuple[tuple, dict]]:
     """``(key, row)`` for every row :func:`iter_results` yields, ``key`` being :func:`row_key` with every field
     an interned ``str`` (``p`` too, as ``str`` of its rounded value)."""
-    dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
     seen: set[tuple] = set()
     duplicates = 0
     intern = sys.intern
+    for path in results_files(dirs, out):
+        stats = FileStats()
+        for key, row in iter_file(path, stats):
+            key = tuple(map(intern, map(str, key)))  # key fields repeat: stored once
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            yield key, row
+        out.notes += stats.notes(path)
+    if duplicates:
+        out.notes.append(duplicates_note(duplicates))
+
+
+def duplicates_note(n: int) -> str:
+    """The note a reader gives for ``n`` rows whose key it had already read (only the first one counts)."""
+    return f"{n} rows stored more than once (overlapping shards?) were counted once"
+
+
+def results_files(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> list[Path]:
+    """Every results file of ``dirs``, in reading order (directories as given, files by name); merges each
+    directory's ``missing.json`` into ``out.missing``. A ResultsError for a directory that holds neither."""
+    dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
+    paths: list[Path] = []
     for d in dirs:
         if not d.is_dir():
             raise ResultsError(f"no results directory {d}: run `kvbench run --out {d}` first")
@@ -498,57 +526,97 @@ def iter_keyed_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead
         if not files and not missing:
             raise ResultsError(f"no results in {d}: run `kvbench run --out {d}` first")
         out.missing.update(missing)
-        for path in files:
-            for key, row in _iter_file(path, out.notes):
-                key = tuple(map(intern, map(str, key)))  # key fields repeat: stored once
-                if key in seen:
-                    duplicates += 1
-                    continue
-                seen.add(key)
-                yield key, row
-    if duplicates:
-        out.notes.append(f"{duplicates} rows stored more than once (overlapping shards?) were counted once")
+        paths += files
+    return paths
 
 
-def _iter_file(path: Path, notes: list[str]) -> Iterator[tuple[tuple, dict]]:
+@dataclass
+class FileStats:
+    """What reading (part of) a results file left out: legacy rows, and the incomplete last line's size."""
+
+    legacy: int = 0
+    cut_bytes: int = 0
+
+    def add(self, other: FileStats) -> None:
+        """Count ``other`` (another span of the same file) in."""
+        self.legacy += other.legacy
+        self.cut_bytes += other.cut_bytes
+
+    def notes(self, path: Path) -> list[str]:
+        """One line per thing left out of ``path``, for :attr:`ResultsRead.notes`."""
+        out = []
+        if self.cut_bytes:
+            out.append(
+                f"skipped an incomplete last line in {path} ({self.cut_bytes} bytes: a run is writing it "
+                "or was interrupted; rerunning it redoes that row)"
+            )
+        if self.legacy:
+            out.append(
+                f"left out {self.legacy} rows of {path} written by an older kvbench: their identity lacks "
+                f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
+            )
+        return out
+
+
+def file_spans(path: Path, size: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, end)`` byte ranges that cut the first ``size`` bytes of a results file into about ``parts``
+    pieces at line starts, to read in parallel with :func:`iter_file`; the last one ends at ``size``."""
+    cuts = [0]
+    with open(path, "rb") as fh:
+        for k in range(1, parts):
+            at = max(cuts[-1], size * k // parts)
+            if at == 0 or at >= size:
+                continue
+            fh.seek(at - 1)
+            fh.readline(size - at + 1)  # to just past the next newline: a line start
+            if cuts[-1] < fh.tell() < size:
+                cuts.append(fh.tell())
+    return list(zip(cuts, [*cuts[1:], size], strict=True))
+
+
+def iter_file(
+    path: Path, stats: FileStats, span: tuple[int, int] | None = None, last: bool = True
+) -> Iterator[tuple[tuple, dict]]:
     """``(row_key(row), row)`` for the rows of one results file, line by line, by the rules of :func:`_scan` (a
-    bad line that is not the last is corruption; an incomplete last line is skipped and noted), without
-    changing the file."""
+    bad line that is not the file's last is corruption; an incomplete last line is skipped and counted in
+    ``stats``, legacy rows too), without changing the file. ``span``: only the bytes ``[start, end)`` (a
+    :func:`file_spans` piece; default: the whole file as long as it is when opened, never what a writer
+    appends meanwhile); ``last``: whether the span ends the file."""
     if path.is_dir():
         raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
-    legacy = 0
     try:
         with open(path, "rb") as fh:
-            # read what the file holds now, never what a writer appends meanwhile: a line it is cutting
-            # stays the last one read
-            remaining = os.fstat(fh.fileno()).st_size
+            start, end = span if span is not None else (0, os.fstat(fh.fileno()).st_size)
+            fh.seek(start)
+            remaining = end - start
             number, bad = 0, None  # ``bad``: the last bad line seen, corruption unless it turns out last
             while remaining > 0 and (line := fh.readline(remaining)):
                 remaining -= len(line)
                 number += 1
                 if bad is not None:
-                    raise ResultsError(
-                        f"{path}: line {number - 1} is not a valid result row; fix or delete that line by hand "
-                        "(reading changes nothing)"
-                    )
+                    raise _corrupt(path, fh, start, number - 1)
                 parsed = _parse_keyed(line) if line.strip() else None
                 if parsed is None:
                     bad = line
                     continue
                 if parsed[1] == LEGACY:
-                    legacy += 1
+                    stats.legacy += 1
                     continue
                 yield parsed[1], parsed[0]
+            if bad is not None and not last:
+                raise _corrupt(path, fh, start, number)
     except OSError as e:
         fix = "fix its permissions or use another --out"
         raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
     if bad is not None:
-        notes.append(
-            f"skipped an incomplete last line in {path} ({len(bad)} bytes: a run is writing it "
-            "or was interrupted; rerunning it redoes that row)"
-        )
-    if legacy:
-        notes.append(
-            f"left out {legacy} rows of {path} written by an older kvbench: their identity lacks "
-            f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
-        )
+        stats.cut_bytes += len(bad)
+
+
+def _corrupt(path: Path, fh, start: int, number: int) -> ResultsError:
+    """The error for bad line ``number`` (counted from ``start``) of an open results file."""
+    fh.seek(0)
+    before = fh.read(start).count(b"\n")
+    return ResultsError(
+        f"{path}: line {before + number} is not a valid result row; fix or delete that line by hand "
+        "(reading changes nothing)"
+    )

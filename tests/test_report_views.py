@@ -227,7 +227,7 @@ def test_frame_defaults_and_labels():
     assert r.score_official == 7 and r.score_revised == 1 and r.real_fork and not r.query_aware
 
 
-def test_load_equals_frame_of_read_results(tmp_path):
+def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
     """``load`` (keyed fast path: identity columns from the reader's interned keys) gives exactly the frame of
     the rows ``read_results`` returns, over what readers must handle: two shards with an overlapping row,
     legacy rows, null and non-str key fields, mixed-task scorers with revisions, absent optional fields and a
@@ -255,9 +255,15 @@ def test_load_equals_frame_of_read_results(tmp_path):
     df, missing, notes = load(d)
     expected = frame(read_results(d).rows)
     pd.testing.assert_frame_equal(df, expected)
+    for workers in (1, 3):  # spans of a few lines each, parsed here and by a pool: the same frame and notes
+        monkeypatch.setattr("kvbench.report.data.SPAN_BYTES", 300)
+        again, _, again_notes = load(d, workers=workers)
+        pd.testing.assert_frame_equal(again, expected)
+        assert again_notes == notes
     assert len(df) == 4 and missing == {}
     assert any("incomplete last line" in n for n in notes) and any("older kvbench" in n for n in notes)
     assert any("counted once" in n for n in notes)
-    assert list(df.seed.astype(str)) == ["42", "n/a", "42", "42"] and df.model_fingerprint.iloc[1] == ""
+    assert list(df.seed.astype(str)) == ["42", "None", "42", "42"] and df.model_fingerprint.iloc[1] == "None"
+    assert list(df["item"].astype(str)) == ["0", "1", "7", "3"] and df.question.iloc[2] == "3"
     assert list(df["sub"].astype(str)) == ["kv", "", "", ""] and df.score_revised.iloc[0] == 0.0
     assert df.score_official.iloc[2] == 50.0 and df.p.iloc[1] == 0.3

@@ -7,9 +7,10 @@ parsed one by one into columns (the prediction, references and meta fields are n
 
 ``frame(rows)`` turns row dicts into the same DataFrame. Its columns:
 
-* identity: ``model, engine, bench, task, method, allocation, item, question`` (categorical str), ``p`` (float,
-  rounded to 4 decimals), ``model_fingerprint, context_sha256`` (str, ``""`` when not recorded), ``length`` and
-  ``seed`` (str, ``"n/a"`` when not recorded: older rows lack ``length``);
+* identity, the text of :func:`kvbench.results.row_key`: ``model, engine, bench, task, method, allocation, item,
+  question, model_fingerprint, context_sha256, length, seed`` (categorical ``str`` of the field's value) and
+  ``p`` (float, rounded to 4 decimals); for a field absent from the row (only :func:`frame` meets such rows)
+  ``""``, ``"n/a"`` for ``length`` and ``seed``;
 * ``label``: ``"method [allocation]"`` (rows run with non-default method options have the method
   ``METHOD[OPTION=VALUE,…]``, so they get labels of their own);
 * scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
@@ -22,14 +23,27 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
-from kvbench.results import ROW_KEY, ResultsRead, iter_keyed_results
+from kvbench.results import (
+    ROW_KEY,
+    FileStats,
+    ResultsRead,
+    duplicates_note,
+    file_spans,
+    iter_file,
+    results_files,
+)
 
 __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]
 
@@ -43,6 +57,7 @@ _BOOL = ["real_fork", "query_aware", "random_weights"]
 COLUMNS = [*_STR, *_FLOAT, *_BOOL]
 #: (index in kvbench.results.ROW_KEY, column) of the key's str columns (``p`` is a float column)
 _KEY_STR = [(i, c) for i, c in enumerate(ROW_KEY) if c != "p"]
+_KEY_STR_COLUMNS = [c for _, c in _KEY_STR]
 _KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (ROW_KEY.index(c) for c in ("p", "method", "allocation", "task"))
 _MISSING = {"length": "n/a", "seed": "n/a"}
 REVISED = "_revised"
@@ -57,19 +72,15 @@ class _Columns:
         self.bool = {c: bytearray() for c in _BOOL}
         self._intern: dict[str, str] = {}
 
-    def _s(self, value: object, missing: str = "") -> str:
-        text = missing if value is None else str(value)
+    def _s(self, value: object) -> str:
+        text = str(value)
         return self._intern.setdefault(text, text)
 
     def add(self, row: dict) -> None:
         """Append the report's fields of one result row."""
         s, f, b = self.str, self.float, self.bool
-        for c in ("model", "engine", "bench", "task", "method", "allocation", "item", "question"):
-            s[c].append(self._s(row.get(c)))
-        for c in ("model_fingerprint", "context_sha256"):
-            s[c].append(self._s(row.get(c)))
-        s["length"].append(self._s(row.get("length"), "n/a"))
-        s["seed"].append(self._s(row.get("seed"), "n/a"))
+        for c in _KEY_STR_COLUMNS:  # the text of kvbench.results.row_key, a default where the field is absent
+            s[c].append(self._s(row[c]) if c in row else _MISSING.get(c, ""))
         # a run with non-default method options names its method METHOD[OPTION=VALUE,…] already (the runner)
         s["label"].append(self._s(f"{row.get('method')} [{row.get('allocation')}]"))
         scorer = str(row.get("scorer") or "")
@@ -93,10 +104,7 @@ class _Columns:
         (the same text :meth:`add` would store) instead of the row."""
         s, f, b = self.str, self.float, self.bool
         for i, c in _KEY_STR:
-            value = key[i]
-            if value == "None" and row.get(c) is None:  # a null field: the column's "not recorded" text
-                value = self._s(None, _MISSING.get(c, ""))
-            s[c].append(value)
+            s[c].append(key[i])
         method, allocation, task = key[_KEY_METHOD], key[_KEY_ALLOCATION], key[_KEY_TASK]
         s["label"].append(self._s(f"{method} [{allocation}]"))
         scorer = row.get("scorer")
@@ -155,15 +163,85 @@ def frame(rows: Iterable[dict]) -> pd.DataFrame:
     return cols.frame()
 
 
-def load(dirs: Path | Sequence[Path]) -> tuple[pd.DataFrame, dict[str, str], list[str]]:
+def load(dirs: Path | Sequence[Path], workers: int | None = None) -> tuple[pd.DataFrame, dict[str, str], list[str]]:
     """Every distinct row of ``dirs`` as the report DataFrame, the merged ``missing.json``
-    (``"bench/task" -> reason``) and notes on what was skipped: :func:`kvbench.results.iter_results`, read-only,
-    streamed into columns."""
+    (``"bench/task" -> reason``) and notes on what was skipped: the rows, notes and order of
+    :func:`kvbench.results.iter_results` (read-only, first occurrence of each key wins), streamed into columns.
+
+    Large files are cut into line-aligned byte spans parsed by ``workers`` processes (default: one per CPU core
+    available, at most 8; 1 parses here); the spans' columns are joined in file order and rows whose key an
+    earlier one had are dropped, as :func:`kvbench.results.iter_keyed_results` drops them.
+    """
     read = ResultsRead()
+    jobs = []
+    for path in results_files(dirs, read):
+        size = path.stat().st_size
+        spans = file_spans(path, size, max(1, -(-size // SPAN_BYTES)))
+        jobs += [(path, span, i == len(spans) - 1) for i, span in enumerate(spans)]
+    workers = _workers(workers, sum(end - start for _, (start, end), _ in jobs))
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(workers, mp_context=_mp_context()) as pool:
+            parts = list(pool.map(_read_span, jobs))
+    else:
+        parts = [_read_span(job) for job in jobs]
+    stats: dict[Path, FileStats] = {}
+    for (path, _, _), (_, part_stats) in zip(jobs, parts, strict=True):
+        stats.setdefault(path, FileStats()).add(part_stats)
+    for path, file_stats in stats.items():
+        read.notes += file_stats.notes(path)
+    df = _concat([part for part, _ in parts])
+    duplicated = df.duplicated(subset=list(ROW_KEY), keep="first").to_numpy() if len(df) else np.zeros(0, bool)
+    if duplicated.any():
+        df = df[~duplicated].reset_index(drop=True)
+        read.notes.append(duplicates_note(int(duplicated.sum())))
+    return df, read.missing, read.notes
+
+
+#: bytes of a results file parsed by one worker task (a 1.4 M-row sweep is about 1.4 GB)
+SPAN_BYTES = 32 << 20
+#: below this many bytes in all, one process parses everything (a pool's start-up would cost more)
+PARALLEL_BYTES = 64 << 20
+
+
+def _workers(workers: int | None, total_bytes: int) -> int:
+    if workers is not None:
+        return max(1, workers)
+    if total_bytes < PARALLEL_BYTES:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores))
+
+
+def _mp_context():
+    """``fork`` where it is the platform's safe default (Linux: no re-import in each worker), else ``spawn``."""
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def _read_span(job: tuple[Path, tuple[int, int], bool]) -> tuple[pd.DataFrame, FileStats]:
+    """One span of one results file -> its rows' DataFrame (duplicates within the span dropped later, with the
+    rest) and what it left out."""
+    path, span, last = job
+    stats = FileStats()
     cols = _Columns()
-    for key, row in iter_keyed_results(dirs, read):
-        cols.add_keyed(key, row)
-    return cols.frame(), read.missing, read.notes
+    for key, row in iter_file(path, stats, span, last):
+        cols.add_keyed(tuple(map(sys.intern, map(str, key))), row)
+    return cols.frame(), stats
+
+
+def _concat(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Frames of the same columns, one after another; categorical columns keep the union of categories."""
+    parts = [part for part in parts if len(part)]  # an empty one's categories have no dtype to unite
+    if not parts:
+        return _Columns().frame()
+    if len(parts) == 1:
+        return parts[0]
+    data = {}
+    for c in COLUMNS:
+        if c in _STR:
+            data[c] = union_categoricals([part[c] for part in parts], sort_categories=True)  # as frame()
+        else:
+            data[c] = np.concatenate([part[c].to_numpy() for part in parts])
+    return pd.DataFrame(data, columns=COLUMNS)
 
 
 def load_manifests(dirs: Sequence[Path]) -> list[dict]:
