@@ -29,10 +29,12 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from kvbench.errors import KvbenchError
 
@@ -117,11 +119,25 @@ def _is_legacy(row: Mapping[str, Any]) -> bool:
 LEGACY = ()
 
 
-def _parse_keyed(line: bytes) -> tuple[dict, tuple] | None:
-    """``(row, row_key(row))`` for a complete, valid row on one line, ``(row, LEGACY)`` for a legacy row, None
-    for anything else. One key computation and one legacy check per row: readers parse millions."""
+_decode_json = msgspec.json.Decoder().decode
+
+
+def loads_row(line: bytes) -> Any:
+    """The JSON value of one results line: msgspec's strict RFC 8259 decoder (about 2.5x the standard
+    library's speed here), and the standard library's for what it refuses (``NaN``, ``Infinity``, which
+    ``json.loads`` reads), so every line means what ``json.loads`` says it means. ValueError when neither reads it."""
     try:
-        row = json.loads(line)
+        return _decode_json(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
+
+
+def _parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tuple[dict, tuple] | None:
+    """``(row, row_key(row))`` for a complete, valid row on one line, ``(row, LEGACY)`` for a legacy row, None
+    for anything else. One key computation and one legacy check per row: readers parse millions. ``decode``:
+    line -> the row's fields as a dict (default :func:`loads_row`, every field; see :func:`iter_file`)."""
+    try:
+        row = decode(line)
     except ValueError:
         return None
     if not isinstance(row, dict):
@@ -575,13 +591,19 @@ def file_spans(path: Path, size: int, parts: int) -> list[tuple[int, int]]:
 
 
 def iter_file(
-    path: Path, stats: FileStats, span: tuple[int, int] | None = None, last: bool = True
+    path: Path,
+    stats: FileStats,
+    span: tuple[int, int] | None = None,
+    last: bool = True,
+    decode: Callable[[bytes], Any] = loads_row,
 ) -> Iterator[tuple[tuple, dict]]:
     """``(row_key(row), row)`` for the rows of one results file, line by line, by the rules of :func:`_scan` (a
     bad line that is not the file's last is corruption; an incomplete last line is skipped and counted in
     ``stats``, legacy rows too), without changing the file. ``span``: only the bytes ``[start, end)`` (a
     :func:`file_spans` piece; default: the whole file as long as it is when opened, never what a writer
-    appends meanwhile); ``last``: whether the span ends the file."""
+    appends meanwhile); ``last``: whether the span ends the file. ``decode``: line -> dict of the row's fields, a
+    ValueError for a line that is not JSON (default :func:`loads_row`, every field; a reader that needs only some
+    fields may decode only those, as long as they include the key's)."""
     if path.is_dir():
         raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
     try:
@@ -595,7 +617,7 @@ def iter_file(
                 number += 1
                 if bad is not None:
                     raise _corrupt(path, fh, start, number - 1)
-                parsed = _parse_keyed(line) if line.strip() else None
+                parsed = _parse_keyed(line, decode) if line.strip() else None
                 if parsed is None:
                     bad = line
                     continue

@@ -227,6 +227,24 @@ def test_frame_defaults_and_labels():
     assert r.score_official == 7 and r.score_revised == 1 and r.real_fork and not r.query_aware
 
 
+def test_loads_row_reads_every_line_as_the_standard_library_does():
+    """msgspec's strict decoder first, json.loads for what it refuses: the same value, or a ValueError."""
+    import json
+    import math
+
+    from kvbench.results import loads_row
+
+    lines = [b'{"a": 1, "b": [1.5, -0.0, "x"], "c": {"d": null}}', b'{"a": 123456789012345678901234567890}',
+             b'{"a": 1, "a": 2}', b'{"a": NaN}', b'{"a": Infinity}', b'{"a": 1e400}', b'{"a": "\\ud800"}',
+             b'\xef\xbb\xbf{"a": 1}', b"[1, 2]", b'  {"a": 1}  \n']  # fmt: skip
+    for line in lines:
+        got, want = loads_row(line), json.loads(line)
+        assert repr(got) == repr(want) or (math.isnan(got["a"]) and math.isnan(want["a"])), line
+    for bad in (b'{"a": 1', b'{"a": "\xff"}', b"", b"{'a': 1}"):
+        with pytest.raises(ValueError):
+            loads_row(bad)
+
+
 def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
     """``load`` (keyed fast path: identity columns from the reader's interned keys) gives exactly the frame of
     the rows ``read_results`` returns, over what readers must handle: two shards with an overlapping row,
@@ -246,11 +264,14 @@ def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
         make_row(3, method="gatesight[window=8]", allocation="gate", query_aware=True, random_weights=True),
     ]  # fmt: skip
     legacy = {k: v for k, v in make_row(9).items() if k not in ("length", "seed")}
+    # lines msgspec's strict decoder refuses and the standard library reads: NaN, a lone surrogate
+    odd = [json.dumps(make_row(11, score=float("nan"))), json.dumps(make_row(12, prediction="\ud800"))]
     d = tmp_path / "run"
     d.mkdir()
     (d / "results.shard-0-of-2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [rows[0], legacy, rows[1]]))
     (d / "results.shard-1-of-2.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], rows[3]]) + json.dumps(make_row(5))[:-3]
+        "".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], rows[3]]) + "\n".join(odd) + "\n"
+        + json.dumps(make_row(5))[:-3]
     )
     df, missing, notes = load(d)
     expected = frame(read_results(d).rows)
@@ -260,10 +281,10 @@ def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
         again, _, again_notes = load(d, workers=workers)
         pd.testing.assert_frame_equal(again, expected)
         assert again_notes == notes
-    assert len(df) == 4 and missing == {}
+    assert len(df) == 6 and missing == {} and np.isnan(df.score.iloc[4])
     assert any("incomplete last line" in n for n in notes) and any("older kvbench" in n for n in notes)
     assert any("counted once" in n for n in notes)
-    assert list(df.seed.astype(str)) == ["42", "None", "42", "42"] and df.model_fingerprint.iloc[1] == "None"
-    assert list(df["item"].astype(str)) == ["0", "1", "7", "3"] and df.question.iloc[2] == "3"
-    assert list(df["sub"].astype(str)) == ["kv", "", "", ""] and df.score_revised.iloc[0] == 0.0
+    assert list(df.seed.astype(str)) == ["42", "None", "42", "42", "42", "42"] and df.model_fingerprint.iloc[1] == "None"
+    assert list(df["item"].astype(str)) == ["0", "1", "7", "3", "11", "12"] and df.question.iloc[2] == "3"
+    assert list(df["sub"].astype(str)) == ["kv", "", "", "", "", ""] and df.score_revised.iloc[0] == 0.0
     assert df.score_official.iloc[2] == 50.0 and df.p.iloc[1] == 0.3

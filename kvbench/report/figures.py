@@ -25,6 +25,10 @@ __all__ = ["averaged_curves", "colors", "per_task_curves", "save"]
 _PALETTE = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
 
 
+_X_TICKS = [0.2, 0.4, 0.6, 0.8, 1.0]
+_Y_TICKS = [0, 20, 40, 60, 80, 100]
+
+
 def colors(labels: list[str]) -> dict[str, tuple]:
     """A fixed colour per label (sorted order), the same in every figure of a report."""
     return {lab: _PALETTE[i % len(_PALETTE)] for i, lab in enumerate(sorted(labels))}
@@ -49,6 +53,9 @@ def _panel(ax, cells: pd.DataFrame, palette: dict, bands: pd.DataFrame | None) -
                                 alpha=0.15, lw=0)  # fmt: skip
     ax.set_xlim(0.05, 1.02)
     ax.set_ylim(-3, 103)
+    # fixed ticks: no tick search at every draw (a paper-sized report draws a hundred panels twice)
+    ax.set_xticks(_X_TICKS)
+    ax.set_yticks(_Y_TICKS)
     ax.grid(alpha=0.3)
 
 

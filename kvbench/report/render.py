@@ -59,8 +59,8 @@ class Table:
 class Figure:
     name: str
     title: str
-    fig: object  # matplotlib.figure.Figure
-    png: bytes
+    png: bytes  # what index.html embeds and figures/NAME.png holds
+    pdf: bytes  # figures/NAME.pdf
     caption: str = ""
 
 
@@ -191,12 +191,32 @@ def _counts(cells: pd.DataFrame, slug: str, title: str) -> Table:
                  "Rows (questions) that entered each cell.", kind="counts")  # fmt: skip
 
 
-def _png(fig) -> bytes:
+def _draw(job: tuple) -> tuple[bytes, bytes]:
+    """One figure as (PNG, PDF) bytes. ``job``: ``("averaged", avg, title, palette)`` or ``("tasks", cells,
+    title, palette, bands)``; module-level so that worker processes can run it."""
     import io
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
+    kind, frame, title, palette, *rest = job
+    fig = F.averaged_curves(frame, title, palette) if kind == "averaged" else F.per_task_curves(frame, title, palette,
+                                                                                                 *rest)  # fmt: skip
+    png, pdf = io.BytesIO(), io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    fig.set_layout_engine("none")  # keep the constrained layout just computed: the PDF is not laid out again
+    fig.savefig(pdf, format="pdf")
+    return png.getvalue(), pdf.getvalue()
+
+
+def _draw_all(jobs: list[tuple]) -> list[tuple[bytes, bytes]]:
+    """:func:`_draw` of every job, in order: by one process per CPU core (at most 8) when there are several."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kvbench.report.data import cpu_workers, mp_context
+
+    workers = min(len(jobs), cpu_workers())
+    if workers < 2:
+        return [_draw(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=mp_context()) as pool:
+        return list(pool.map(_draw, jobs))
 
 
 def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests: list[dict], opt: Options) -> Report:
@@ -219,6 +239,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
     mem = T.memory_view(use, shapes, opt.gpu_bytes, opt.serve_length)
     palette = F.colors(sorted(set(cells.label))) if len(cells) else {}
     sections = []
+    jobs: list[tuple] = []  # figures to draw: (section index, block index, name, title, caption, job)
 
     def of(frame: pd.DataFrame, key: tuple) -> pd.DataFrame:
         if frame.empty:
@@ -230,12 +251,15 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         sec = Section(title)
         a, b = of(avg, key), of(ci, key)
         if opt.figures:
-            fig = F.averaged_curves(a, f"mean over {a.n_tasks.max()} tasks — {title}", palette)
             mixed = "Mixed SCBench tasks enter as the mean of their two sub-task scores."
-            sec.blocks.append(Figure(f"averaged-{slug}", "Mean over tasks", fig, _png(fig), mixed))
-            fig = F.per_task_curves(c, title, palette, b if len(b) else None)
+            job = ("averaged", a, f"mean over {a.n_tasks.max()} tasks — {title}", palette)
+            jobs.append((len(sections), len(sec.blocks), f"averaged-{slug}", "Mean over tasks", mixed, job))
+            sec.blocks.append(None)  # drawn below, with every other figure
             band = f"; bands: paired 95 % bootstrap intervals of the difference to {opt.reference}" if len(b) else ""
-            sec.blocks.append(Figure(f"tasks-{slug}", "Per task", fig, _png(fig), f"Accuracy vs kept fraction{band}."))
+            job = ("tasks", c, title, palette, b if len(b) else None)
+            jobs.append((len(sections), len(sec.blocks), f"tasks-{slug}", "Per task",
+                         f"Accuracy vs kept fraction{band}.", job))  # fmt: skip
+            sec.blocks.append(None)
         sec.blocks.append(_main(a, slug, title))
         g = of(gap, key)
         if len(g):
@@ -253,6 +277,8 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
             sec.blocks.append(_memory(m, slug, title, opt))
         sec.blocks.append(_counts(c, slug, title))
         sections.append(sec)
+    for (i, j, name, fig_title, caption, _), (png, pdf) in zip(jobs, _draw_all([x[-1] for x in jobs]), strict=True):
+        sections[i].blocks[j] = Figure(name, fig_title, png, pdf, caption)
     if opt.cost:
         cost = T.cost_table(opt.cost)
         shown = cost.assign(prefill_s=cost.prefill_s.map(lambda v: _fmt(v, 3)),
@@ -329,7 +355,7 @@ def write(report: Report, out_dir: Path) -> Path:
                 md.append(to_markdown(b))
             else:
                 (out_dir / "figures" / f"{b.name}.png").write_bytes(b.png)
-                b.fig.savefig(out_dir / "figures" / f"{b.name}.pdf")
+                (out_dir / "figures" / f"{b.name}.pdf").write_bytes(b.pdf)
                 md += [f"![{b.title}](figures/{b.name}.png)", "", b.caption, ""]
     (out_dir / "report.md").write_text("\n".join(md), encoding="utf-8")
     env = jinja2.Environment(

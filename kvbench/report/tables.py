@@ -223,7 +223,9 @@ def _bootstrap_task(t: pd.DataFrame, key: tuple, ref: str, n_resamples: int, see
         boot = ((w @ sums) / (w @ counts)) @ avg  # [B, cells]; NaN where a resample drew no pair of a sub-task
         point = (sums.sum(0) / counts.sum(0)) @ avg
     alpha = (1 - level) / 2 * 100
-    lo, hi = np.nanpercentile(boot, [alpha, 100 - alpha], axis=0)
+    # NaN only where some resample drew no pair of a sub-task; nanpercentile (slow) only then
+    percentile = np.nanpercentile if np.isnan(boot).any() else np.percentile
+    lo, hi = percentile(boot, [alpha, 100 - alpha], axis=0)
     pairs = np.bincount(cell_codes, weights=counts.sum(0))
     ctx_n = ((counts @ (avg > 0)) > 0).sum(0)
     res = pd.DataFrame(
