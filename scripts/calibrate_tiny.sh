@@ -6,7 +6,8 @@
 #   3. GateSight estimator + gate means (kvbench gatesight train)
 # Each artifact is keyed by the model fingerprint, which includes the dtype: DTYPES (default
 # "float32 bfloat16") lists the dtypes to calibrate for; bfloat16 is what --engine vllm runs. CLEAN=1 (default)
-# first drops every shipped artifact (those of older weights); CLEAN=0 adds to them (one dtype at a time).
+# first drops every shipped artifact that is not of another shipped trained model's current weights (so
+# MODEL's older ones go, the other models' stay); CLEAN=0 adds to them (one dtype at a time).
 # Every position stays within the length the model was trained for (kvbench_builtin.json's context_length,
 # 1,024 for tiny-trained), not the config maximum: TriAttention takes the corpus kinds round-robin, each
 # document cut to that length (32 documents of the 3 kinds for its 32,768 tokens); GateSight labels every
@@ -43,7 +44,20 @@ for DTYPE in $DTYPES; do
   .venv/bin/kvbench gatesight train --labels "$WORK/labels-$DTYPE" --threads "$THREADS"
 done
 if [ "$CLEAN" = 1 ]; then
-  rm -rf kvbench/builtin/calibration   # artifacts are keyed by fingerprint: drop those of older weights
+  # artifacts are keyed by fingerprint: drop every one that is not of another shipped trained model's current
+  # weights (those of MODEL's older weights, and MODEL's own, replaced below)
+  .venv/bin/python - "$MODEL" <<'PY'
+import shutil, sys
+from pathlib import Path
+from kvbench.models import BUILTIN_MODELS, load_model
+keep = {load_model(name, dtype=dtype).fingerprint[:16] for name, m in BUILTIN_MODELS.items()
+        if m.shipped is not None and m.shipped.exists() and name != sys.argv[1] for dtype in ("float32", "bfloat16")}
+root = Path("kvbench/builtin/calibration")
+for path in sorted(root.glob("*/*")) if root.exists() else []:
+    if path.name.split(".")[0] not in keep:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        print(f"dropped {path}")
+PY
 fi
 mkdir -p kvbench/builtin/calibration
 cp -r "$WORK/cache/calibration/." kvbench/builtin/calibration/
