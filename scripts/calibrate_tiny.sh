@@ -12,16 +12,19 @@
 # 1,024 for tiny-trained), not the config maximum: TriAttention takes the corpus kinds round-robin, each
 # document cut to that length (32 documents of the 3 kinds for its 32,768 tokens); GateSight labels every
 # document, cut so that chat prefix + document + suffix + the sampled continuation fit in it (MAX_DOC).
-# Usage: bash scripts/calibrate_tiny.sh [MODEL] [THREADS]   (default: tiny-trained, 2). Deterministic.
+# Usage: bash scripts/calibrate_tiny.sh [MODEL] [THREADS]   (default: tiny-trained, 2). Deterministic; a cut run
+# resumes its GateSight labels. Run it alone: two torch threads on a core another process holds crawl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-tiny-trained}
 THREADS=${2:-2}
 DTYPES=${DTYPES:-float32 bfloat16}
 CLEAN=${CLEAN:-1}
-WORK=.kvbench_cache/calibrate-tiny
-rm -rf "$WORK"
+WORK=.kvbench_cache/calibrate-tiny/$MODEL
+# a cut run resumes: GateSight label files already written are kept (a labels directory of other weights or
+# another recipe is refused by `kvbench gatesight label`); everything else is made again
 mkdir -p "$WORK"
+find "$WORK" -mindepth 1 -maxdepth 1 ! -name 'labels-*' -exec rm -rf {} +
 export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default locations here, then we copy
 .venv/bin/python -c "from kvbench.train_tiny import write_calibration_corpus as w; w('$WORK/corpus')"
 MAX_NEW=128   # GateSight's continuation length (the label recipe's default)
