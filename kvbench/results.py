@@ -51,7 +51,6 @@ __all__ = [
     "duplicates_note",
     "file_spans",
     "iter_file",
-    "iter_keyed_results",
     "iter_results",
     "read_results",
     "results_files",
@@ -148,12 +147,6 @@ def _parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tup
         return (row, LEGACY) if _is_legacy(row) else None
 
 
-def _parse(line: bytes) -> dict | None:
-    """The row (or legacy row) stored on one line, or None when the line is not a complete, valid row."""
-    parsed = _parse_keyed(line)
-    return None if parsed is None else parsed[0]
-
-
 @dataclass
 class _Scan:
     """One results file, parsed. ``good_end``: byte offset just past the last complete, valid line.
@@ -174,8 +167,8 @@ def _scan(data: bytes, path: Path) -> _Scan:
     rows: list[dict] = []
     legacy = good_end = 0
     for i, line in enumerate(lines):
-        row = _parse(line)
-        if row is None:
+        parsed = _parse_keyed(line)
+        if parsed is None:
             if i == len(lines) - 1 and not tail:
                 tail = line + b"\n"  # a bad last line is a crash signature, not corruption
                 break
@@ -183,14 +176,18 @@ def _scan(data: bytes, path: Path) -> _Scan:
                 f"{path}: line {i + 1} is not a valid result row; the file was not modified. "
                 "Fix or delete that line by hand, or use a different --out directory"
             )
-        if _is_legacy(row):
+        if parsed[1] == LEGACY:
             legacy += 1
         else:
-            rows.append(row)
+            rows.append(parsed[0])
         good_end += len(line) + 1
-    tail_row = _parse(tail) if tail and not tail.endswith(b"\n") else None
-    if tail_row is not None and _is_legacy(tail_row):
-        legacy, tail_row = legacy + 1, None
+    tail_parsed = _parse_keyed(tail) if tail and not tail.endswith(b"\n") else None
+    tail_row = None
+    if tail_parsed is not None:
+        if tail_parsed[1] == LEGACY:
+            legacy += 1
+        else:
+            tail_row = tail_parsed[0]
     return _Scan(rows, legacy, good_end, tail, tail_row)
 
 
@@ -501,12 +498,6 @@ def read_results(dirs: Path | str | Sequence[Path | str]) -> ResultsRead:
 def iter_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[dict]:
     """The rows :func:`read_results` returns, one at a time (a paper-sized sweep is never held as dicts);
     ``out.missing`` and ``out.notes`` are filled as the files are read, ``out.rows`` is left alone."""
-    return (row for _, row in iter_keyed_results(dirs, out))
-
-
-def iter_keyed_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> Iterator[tuple[tuple, dict]]:
-    """``(key, row)`` for every row :func:`iter_results` yields, ``key`` being :func:`row_key` with every field
-    an interned ``str`` (``p`` too, as ``str`` of its rounded value)."""
     seen: set[tuple] = set()
     duplicates = 0
     intern = sys.intern
@@ -518,7 +509,7 @@ def iter_keyed_results(dirs: Path | str | Sequence[Path | str], out: ResultsRead
                 duplicates += 1
                 continue
             seen.add(key)
-            yield key, row
+            yield row
         out.notes += stats.notes(path)
     if duplicates:
         out.notes.append(duplicates_note(duplicates))

@@ -30,7 +30,7 @@ def test_chunk_attention_max_against_explicit_softmax():
     )
     visible = torch.ones(T, n + T, dtype=torch.bool).tril(n)
     lse = attention_logsumexp(q, torch.cat([kc, kp], 1), visible, 0.3)
-    got = chunk_attention_max(q, kc[:, a:b], lse, 0.3, block_elems=H * (b - a))  # one query row per block
+    got = chunk_attention_max(q, kc[:, a:b], lse, 0.3, block_elems=H_kv * (b - a))  # one query row per block
     expected = torch.zeros(H_kv, n)
     for h in range(H):
         kvh = h // 2

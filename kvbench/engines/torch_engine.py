@@ -55,13 +55,12 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     ragged = getattr(module, "kvbench_ragged", None)
     if ragged is not None:
         return _ragged_sdpa(query, key, value, ragged, scaling).transpose(1, 2).contiguous(), None
-    q_len, kv_len = query.shape[2], key.shape[2]
-    n_rep = query.shape[1] // key.shape[1]
     if getattr(recorder, "wants_lse", False):
         out, lse = _sdpa_with_lse(query, key, value, scaling)
         recorder.record_lse(f, lse[0])
     else:
-        mask, is_causal = _causal(q_len, kv_len, query.device)
+        n_rep = query.shape[1] // key.shape[1]
+        mask, is_causal = _causal(query.shape[2], key.shape[2], query.device)
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
         )
@@ -133,7 +132,9 @@ def _sdpa_with_lse(query, key, value, scale, fused: bool | None = None) -> tuple
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=n_rep > 1
     )
-    visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    visible = mask  # None for one query (sees everything) or a square block (causal):
+    if visible is None:
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     return out, attention_logsumexp(query[0], key[0], visible, scale)[None]
 
 

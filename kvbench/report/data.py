@@ -60,7 +60,6 @@ _BOOL = ["real_fork", "query_aware", "random_weights"]
 COLUMNS = [*_STR, *_FLOAT, *_BOOL]
 #: (index in kvbench.results.ROW_KEY, column) of the key's str columns (``p`` is a float column)
 _KEY_STR = [(i, c) for i, c in enumerate(ROW_KEY) if c != "p"]
-_KEY_STR_COLUMNS = [c for _, c in _KEY_STR]
 _KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (ROW_KEY.index(c) for c in ("p", "method", "allocation", "task"))
 _MISSING = {"length": "n/a", "seed": "n/a"}
 REVISED = "_revised"
@@ -80,31 +79,17 @@ class _Columns:
         return self._intern.setdefault(text, text)
 
     def add(self, row: dict) -> None:
-        """Append the report's fields of one result row."""
-        s, f, b = self.str, self.float, self.bool
-        for c in _KEY_STR_COLUMNS:  # the text of kvbench.results.row_key, a default where the field is absent
-            s[c].append(self._s(row[c]) if c in row else _MISSING.get(c, ""))
-        # a run with non-default method options names its method METHOD[OPTION=VALUE,…] already (the runner)
-        s["label"].append(self._s(f"{row.get('method')} [{row.get('allocation')}]"))
-        scorer = str(row.get("scorer") or "")
-        s["scorer"].append(self._s(scorer))
-        s["sub"].append(self._s(_sub_task(str(row.get("task")), scorer)))
-        score = _num(row.get("score"))
-        official, revised = _official_revised(score, scorer, row.get("scores") or {})
-        f["p"].append(round(_num(row.get("p")), 4))
-        f["score"].append(score)
-        f["score_official"].append(official)
-        f["score_revised"].append(revised)
-        for c in ("stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s"):
-            f[c].append(_num(row.get(c)))
-        b["real_fork"].append(bool(row.get("real_fork", True)))
-        b["query_aware"].append(bool(row.get("query_aware", False)))
-        b["random_weights"].append(bool(row.get("random_weights", False)))
+        """Append the report's fields of one result row (fields it lacks get their documented default)."""
+        key = tuple(
+            round(_num(row.get("p")), 4) if c == "p" else self._s(row[c]) if c in row else _MISSING.get(c, "")
+            for c in ROW_KEY
+        )
+        self.add_keyed(key, row)
 
     def add_keyed(self, key: tuple, row: dict) -> None:
-        """:meth:`add` for a row whose :func:`kvbench.results.row_key` is known (``p`` a float or its ``str``, as
-        :func:`kvbench.results.iter_keyed_results` yields it): its identity columns come from the key (the same
-        text :meth:`add` would store) instead of the row."""
+        """Append one row whose :func:`kvbench.results.row_key` is known (as :func:`kvbench.results.iter_file`
+        yields it; ``p`` a float): the identity columns and the label come from the key's text, the rest from
+        the row."""
         s, f, b = self.str, self.float, self.bool
         for i, c in _KEY_STR:
             s[c].append(key[i])
@@ -173,7 +158,7 @@ def load(dirs: Path | Sequence[Path], workers: int | None = None) -> tuple[pd.Da
 
     Large files are cut into line-aligned byte spans parsed by ``workers`` processes (default: one per CPU core
     available, at most 8; 1 parses here); the spans' columns are joined in file order and rows whose key an
-    earlier one had are dropped, as :func:`kvbench.results.iter_keyed_results` drops them.
+    earlier one had are dropped, as :func:`kvbench.results.iter_results` drops them.
     """
     read = ResultsRead()
     jobs = []
