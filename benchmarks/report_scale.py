@@ -37,6 +37,8 @@ METHODS = {"random": "flat", "snapkv": "flat", "keydiff": "flat", "triattention"
            "gatesight": "gate"}  # fmt: skip
 PS = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 ABLATION_TASKS = {"kv", "qa_eng", "many_shot", "niah_single_1", "niah_multikey_2", "vt"}
+#: the calibration artifacts the synthetic rows record (the shipped model's have SHA-256 digests like these)
+ARTIFACTS = {"gatesight": "5a" * 32, "triattention": "7c" * 32}
 SKILL = {"random": 0.2, "snapkv": 0.55, "keydiff": 0.6, "triattention": 0.65, "kvzip": 0.75, "gatesight": 0.8,
          "oracle": 1.0, "full": 1.0}  # fmt: skip
 
@@ -88,7 +90,8 @@ def generate(out: Path, seed: int = 0, shards: int = 4) -> int:
                                 "truncated_from": None, "context_sha256": sha, "prefill_s": 1.5,
                                 "score_s": 3.0 if method == "kvzip" else 0.02, "fork_s": 0.001, "answer_s": 0.4,
                                 "new_tokens": 12, "stopped": True, "seed": 42, "length": 4096,
-                                "model_fingerprint": fp, "random_weights": False, "meta": {"id": item},
+                                "model_fingerprint": fp, "random_weights": False,
+                                "artifact_sha256": ARTIFACTS.get(method), "meta": {"id": item},
                             }))  # fmt: skip
                     shard.write("\n".join(lines) + "\n")
                     n_rows += len(lines)
@@ -133,6 +136,18 @@ def run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, fl
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, max(peak[0], own) / 1e9
 
 
+def _current(res: Path) -> bool:
+    """Whether kept results have today's row identity (rows of an older kvbench would be left out)."""
+    from kvbench.results import ROW_KEY
+
+    first = next(iter(sorted(res.glob("*.jsonl"))), None)
+    if first is None:
+        return False
+    with open(first, "rb") as fh:
+        row = json.loads(fh.readline() or b"{}")
+    return all(k in row for k in ROW_KEY)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/kvbench-report-scale"))
@@ -141,7 +156,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="report runs (the median is judged)")
     args = ap.parse_args()
     res, rep = args.dir / "results", args.dir / "report"
-    if not (args.reuse and (res / "manifest.json").exists()):
+    if not (args.reuse and (res / "manifest.json").exists() and _current(res)):
         shutil.rmtree(args.dir, ignore_errors=True)
         start = time.perf_counter()
         n = generate(res)

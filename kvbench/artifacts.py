@@ -7,7 +7,10 @@ is readable, that its format is the expected one, and that it was made for the m
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,25 +39,38 @@ def find_calibration(cached: Path) -> Path:
     return shipped if shipped.exists() else cached
 
 
-def read_artifact(path: Path, *, what: str, fmt: str, fix: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(metadata, tensors) of the artifact file ``path``. ``what`` names it in errors ("GateSight artifact"),
-    ``fmt`` is the expected ``format``, ``fix`` the command that produces one."""
-    from safetensors import SafetensorError, safe_open
+@dataclass(frozen=True)
+class Artifact:
+    """One artifact file as read: ``meta`` (its ``"kvbench"`` metadata), ``tensors`` and ``sha256``, the hex
+    SHA-256 of the very bytes parsed (what rows scored with it record as ``artifact_sha256``)."""
+
+    meta: dict
+    tensors: dict[str, torch.Tensor]
+    sha256: str
+
+
+def read_artifact(path: Path, *, what: str, fmt: str, fix: str) -> Artifact:
+    """The artifact file ``path``, read once (its digest and its contents come from the same bytes). ``what``
+    names it in errors ("GateSight artifact"), ``fmt`` is the expected ``format``, ``fix`` the command that
+    produces one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
     if not path.is_file():
         raise KvbenchError(f"no {what} at {path}; produce one for this model with `{fix}`")
     try:
-        with safe_open(str(path), framework="pt") as fh:
-            meta = json.loads((fh.metadata() or {})[META_KEY])
-            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:  # unreadable, foreign, truncated
+        data = path.read_bytes()
+        tensors = load(data)
+        (header_len,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(json.loads(data[8 : 8 + header_len])["__metadata__"][META_KEY])
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # unreadable, foreign, cut
         raise KvbenchError(
             f"{path} is not a readable {what} ({type(exc).__name__}: {exc}); recreate it with `{fix}`"
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != fmt:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise KvbenchError(f"{path} has format {got!r}, expected {fmt!r}; recreate it with `{fix}`")
-    return meta, tensors
+    return Artifact(meta, tensors, hashlib.sha256(data).hexdigest())
 
 
 def check_fingerprint(got: str, expected: str | None, *, what: str, fix: str) -> None:

@@ -14,8 +14,8 @@ Files of a results directory ``<out>``:
 Readers (:func:`read_results`) merge every ``results*.jsonl`` of the directories they are given and never
 write, move or truncate anything: an incomplete last line (a writer may be appending it) is skipped and
 noted. A row's identity is its :data:`ROW_KEY` fields; rows written before ``length``, ``seed``,
-``context_sha256`` and ``model_fingerprint`` joined the key ("legacy" rows) are never reused: a writer
-refuses a file holding them, a reader leaves them out and says so.
+``context_sha256``, ``model_fingerprint`` and ``artifact_sha256`` joined the key ("legacy" rows) are never
+reused: a writer refuses a file holding them, a reader leaves them out and says so.
 """
 
 from __future__ import annotations
@@ -72,8 +72,10 @@ LEGACY_KEY: tuple[str, ...] = (
 )
 #: A row's identity: everything that changes its answer. ``length`` is the resolved prompt length (tokens),
 #: ``context_sha256`` the SHA-256 of the context's token ids, ``model_fingerprint`` the weights' (dtype
-#: included) fingerprint of :func:`kvbench.models.fingerprint`.
-ROW_KEY: tuple[str, ...] = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint")
+#: included) fingerprint of :func:`kvbench.models.fingerprint`, ``artifact_sha256`` the SHA-256 of the offline
+#: artifact the method scored with (:meth:`kvbench.methods.EvictionMethod.artifact_sha256`; null for a method
+#: without one).
+ROW_KEY: tuple[str, ...] = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint", "artifact_sha256")
 _NEW_KEY = ROW_KEY[len(LEGACY_KEY) :]
 RESULTS_GLOB = "results*.jsonl"
 _RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
@@ -204,8 +206,9 @@ def _read_bytes(path: Path) -> bytes:
 
 def _legacy_error(path: Path, n: int) -> ResultsError:
     return ResultsError(
-        f"{path} holds {n} rows of an older kvbench whose identity lacks {', '.join(_NEW_KEY)}, so they could "
-        "stand for the wrong settings: run into a new --out directory (or move that file away)"
+        f"{path} holds {n} rows of an older kvbench whose identity lacks some of {', '.join(_NEW_KEY)}, so they "
+        "could stand for the wrong settings (another prompt length, seed, context, weights or calibration "
+        "artifact): run into a new --out directory (or move that file away)"
     )
 
 
@@ -367,6 +370,18 @@ class ResultsStore:
         row = key_or_row if isinstance(key_or_row, Mapping) else dict(zip(ROW_KEY, key_or_row, strict=True))
         key = row_key(row)
         return key in self._rows or key in self._done
+
+    def recorded_artifacts(self, model: str, model_fingerprint: str) -> dict[str, set[str]]:
+        """``{method: {artifact_sha256 text}}`` of the rows of that model and weights in every results file of
+        this directory (a method without an artifact records ``"None"``)."""
+        i_model, i_fp, i_method, i_sha = (ROW_KEY.index(c) for c in
+                                          ("model", "model_fingerprint", "method", "artifact_sha256"))  # fmt: skip
+        out: dict[str, set[str]] = {}
+        for keys in (self._rows, self._done):
+            for key in keys:
+                if key[i_model] == model and key[i_fp] == model_fingerprint:
+                    out.setdefault(key[i_method], set()).add(key[i_sha])
+        return out
 
     def append(self, row: dict) -> None:
         """Durably append one finished row (p normalised); refuse duplicates and non-JSON values. A failed
@@ -560,7 +575,7 @@ class FileStats:
         if self.legacy:
             out.append(
                 f"left out {self.legacy} rows of {path} written by an older kvbench: their identity lacks "
-                f"{', '.join(_NEW_KEY)}; rerun into a new --out to include them"
+                f"some of {', '.join(_NEW_KEY)}; rerun into a new --out to include them"
             )
         return out
 

@@ -186,10 +186,11 @@ def _contexts(config: RunConfig, lm: LoadedModel, console: Console) -> tuple[lis
 
 
 def _key(
-    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str, sha256: str
-) -> dict:
+    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str, sha256: str,
+    artifact: str | None,
+) -> dict:  # fmt: skip
     """A row's identity (``kvbench.results.ROW_KEY``); ``config`` has its defaults resolved, ``sha256`` is
-    the context's token-id hash."""
+    the context's token-id hash, ``artifact`` the method's :meth:`~kvbench.methods.EvictionMethod.artifact_sha256`."""
     return {
         "model": lm.name,
         "engine": config.engine,
@@ -204,6 +205,7 @@ def _key(
         "seed": config.seed,
         "context_sha256": sha256,
         "model_fingerprint": lm.fingerprint,
+        "artifact_sha256": artifact,
     }
 
 
@@ -318,7 +320,8 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
         contexts, skipped = _contexts(config, lm, console)  # up front: an exact progress total
     for task, reason in skipped.items():
         store.record_missing(config.bench, task, reason)
-    store.write_manifest(manifest_entry(config, lm))
+    artifacts = method_artifacts(plan, lm, store)
+    store.write_manifest({**manifest_entry(config, lm), "artifacts": artifacts})
     engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     if on_progress:
@@ -329,7 +332,7 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
             bar = progress.add_task("contexts", total=len(contexts))
             for ctx in contexts:
                 progress.update(bar, description=f"{ctx.task} #{ctx.item}")
-                _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar)
+                _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1
                 progress.advance(bar)
                 if on_progress:
@@ -341,6 +344,38 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
         )
         raise
     return summary
+
+
+def method_artifacts(
+    plan: Sequence[tuple[EvictionMethod, list[str], list[float]]], lm: LoadedModel, store: ResultsStore
+) -> dict[str, str | None]:
+    """``{method label: artifact_sha256}`` of the plan's methods for ``lm``. Each method reads its offline
+    artifact here, so a missing or mismatched one fails before anything is written. A method whose rows in
+    ``store``'s directory (same model, same weights) were scored with another artifact is an error: rows of two
+    calibrations under one label would be mixed."""
+    artifacts: dict[str, str | None] = {}
+    for method, _, _ in plan:
+        sha = method.artifact_sha256(lm.fingerprint)
+        if sha is not None and not (isinstance(sha, str) and sha):
+            raise KvbenchError(
+                f"method {method.name}: artifact_sha256() returned {sha!r}; it must return the artifact's hex "
+                "digest (a non-empty str), or None for a method without an artifact"
+            )
+        artifacts[method.label] = sha
+    recorded = store.recorded_artifacts(lm.name, lm.fingerprint)
+    for label, sha in artifacts.items():
+        other = sorted(recorded.get(label, set()) - {str(sha)})
+        if other:
+            def short(d: str) -> str:
+                return "none" if d == "None" else d[:12] + "…"
+
+            raise KvbenchError(
+                f"{store.dir} holds {label} rows of model {lm.name} scored with another artifact (sha256 "
+                f"{', '.join(map(short, other))}) than this run's ({short(str(sha))}), e.g. from before a "
+                "recalibration; the two would be mixed under one name. Run into a new --out directory (or move "
+                "the older results files away)"
+            )
+    return artifacts
 
 
 def check_models(models: Sequence[str | None]) -> None:
@@ -378,13 +413,15 @@ def run_models(config: RunConfig, models: Sequence[str | None], console: Console
     return total
 
 
-def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, progress, bar) -> None:
+def _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar) -> None:
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
     pending = {
         (method.label, alloc, p): [
             qi
             for qi, q in enumerate(ctx.questions)
-            if not store.is_done(_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256))
+            if not store.is_done(
+                _key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256, artifacts[method.label])
+            )
         ]
         for method, allocs, ps in plan
         for alloc in allocs
@@ -401,7 +438,7 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
                 continue
             if method.query_aware:
                 _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary,
-                                 progress, bar)  # fmt: skip
+                                 progress, bar, artifacts[method.label])  # fmt: skip
                 continue
             progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name}: scoring")
             start = time.perf_counter()
@@ -416,24 +453,26 @@ def _run_context(ctx, plan, config, lm, engine, store, summary, query_window, pr
                     progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
                     kept = method.select(parent, scores, p, alloc)
                     _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s,
-                                     store, summary)  # fmt: skip
+                                     store, summary, artifacts[method.label])  # fmt: skip
     finally:
         parent.release()
 
 
-def _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary):
+def _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary,
+                     artifact):  # fmt: skip
     """Fork ``parent`` keeping ``kept``, answer the questions ``questions`` (indices) from the child, append rows."""
     child = parent.fork(kept)
     try:
         for qi in questions:
-            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s)
+            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s, artifact)
             store.append(row)
             summary.rows_written += 1
     finally:
         child.release()
 
 
-def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary, progress, bar):
+def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary, progress, bar,
+                     artifact):  # fmt: skip
     """The per-question path of a query-aware method: for each question with pending rows, score once (it sees
     the question's token ids and answer budget, never its references), then per (allocation, p) fork a child
     and answer that question alone. ``score_s`` of a row is that question's scoring time."""
@@ -449,7 +488,8 @@ def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, con
         for alloc, p in todo:
             progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}")
             kept = method.select(parent, scores, p, alloc)
-            _fork_and_answer(ctx, [qi], kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary)
+            _fork_and_answer(ctx, [qi], kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary,
+                             artifact)  # fmt: skip
 
 
 def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent) -> None:
@@ -463,13 +503,13 @@ def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent
         raise KvbenchError(f"method {method.name} returned NaN or infinite scores")
 
 
-def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s) -> dict:
+def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s, artifact) -> dict:
     q = ctx.questions[qi]
     ans = child.answer(rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256)
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.stats
     return {
-        **_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256),
+        **_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256, artifact),
         "prediction": ans.text,
         "references": list(q.references),
         "score": scores[q.scorers[0]],

@@ -23,6 +23,9 @@ or str). A method instance with a non-default option has the :attr:`EvictionMeth
 ``METHOD[OPTION=VALUE,…]``: its rows carry that label as ``method`` (so they never mix with the default's
 rows, in the results store or in reports) and the options in ``method_options``.
 
+A method that scores with an offline artifact (calibration statistics, a trained estimator) overrides
+:meth:`EvictionMethod.artifact_sha256`, so its rows record which artifact they were scored with.
+
 Third-party packages register methods through the ``kvbench.methods`` entry-point group, each entry
 pointing at an :class:`EvictionMethod` subclass (``mymethod = mypkg.module:MyMethod``).
 
@@ -118,6 +121,17 @@ class EvictionMethod(ABC):
         if not opts:
             return self.name
         return f"{self.name}[{','.join(f'{o}={_text(v)}' for o, v in opts.items())}]"
+
+    def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
+        """The hex SHA-256 of the offline artifact (calibration statistics, trained estimator) this instance
+        scores the model of ``model_fingerprint`` with; None (the default) for a method that uses none.
+
+        A method whose scores depend on a file overrides this: it reads the file here (once, and scores
+        with what it read) and returns the digest of those bytes. The runner calls it once per run, before
+        anything is written, so a missing or mismatched artifact fails first; rows record the digest as
+        ``artifact_sha256``, part of their identity: rows scored with another artifact are never reused.
+        """
+        return None
 
     def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
         """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown): the model an

@@ -20,6 +20,7 @@ float32 and ``omega`` ``[B]`` float64; the metadata is embedded under the key ``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -145,6 +146,8 @@ class TriAttentionStats:
     q_mean_re / q_mean_im: real and imaginary part of the band centre ``q̄`` ``[L_attn, H, B]``;
     q_abs_mean: ``E|q_b|`` ``[L_attn, H, B]``; omega: band frequency ``[B]`` (0 for pass-through bands);
     metadata: ``fingerprint``, ``head_dim``, ``rotary_dim``, ``rope_theta``, ``n_tokens``, … (json-able).
+    The :attr:`sha256` of statistics is that of the file :func:`save_stats` writes for them (for statistics
+    read from a file, that file's).
     """
 
     q_mean_re: torch.Tensor
@@ -152,6 +155,12 @@ class TriAttentionStats:
     q_abs_mean: torch.Tensor
     omega: torch.Tensor
     metadata: dict = field(default_factory=dict)
+    file_sha256: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of the artifact file: the one read, else the bytes :func:`save_stats` would write."""
+        return self.file_sha256 or hashlib.sha256(_serialize(self)).hexdigest()
 
     @property
     def fingerprint(self) -> str:
@@ -181,12 +190,10 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def save_stats(stats: TriAttentionStats, path: str | os.PathLike) -> Path:
-    """Atomically write the statistics to ``path`` and the metadata to ``path`` with suffix ``.json``."""
-    from safetensors.torch import save_file
+def _serialize(stats: TriAttentionStats) -> bytes:
+    """The artifact file's bytes: safetensors of the four tensors, the metadata (``format`` added) embedded."""
+    from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, **stats.metadata}
     tensors = {
         "q_mean_re": stats.q_mean_re.detach().float().cpu().contiguous(),
@@ -194,8 +201,16 @@ def save_stats(stats: TriAttentionStats, path: str | os.PathLike) -> Path:
         "q_abs_mean": stats.q_abs_mean.detach().float().cpu().contiguous(),
         "omega": stats.omega.detach().double().cpu().contiguous(),
     }
+    return save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+
+
+def save_stats(stats: TriAttentionStats, path: str | os.PathLike) -> Path:
+    """Atomically write the statistics to ``path`` and the metadata to ``path`` with suffix ``.json``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, **stats.metadata}
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+    tmp.write_bytes(_serialize(stats))
     side_tmp = _sidecar(path).with_name(_sidecar(path).name + f".tmp{os.getpid()}")
     side_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
@@ -212,7 +227,8 @@ def load_stats(path: str | os.PathLike, expected_fingerprint: str | None) -> Tri
     """
     path = Path(path)
     what = "TriAttention calibration statistics"
-    meta, tensors = read_artifact(path, what=what, fmt=FORMAT, fix=CALIBRATE_COMMAND)
+    artifact = read_artifact(path, what=what, fmt=FORMAT, fix=CALIBRATE_COMMAND)
+    meta, tensors = artifact.meta, artifact.tensors
     check_fingerprint(
         str(meta.get("fingerprint", "")), expected_fingerprint, what=f"{what} at {path}", fix=CALIBRATE_COMMAND
     )
@@ -221,7 +237,7 @@ def load_stats(path: str | os.PathLike, expected_fingerprint: str | None) -> Tri
         raise KvbenchError(
             f"{path} holds tensors {sorted(tensors)}, expected {list(names)}; recreate it with `{CALIBRATE_COMMAND}`"
         )
-    return TriAttentionStats(metadata=meta, **tensors)
+    return TriAttentionStats(metadata=meta, file_sha256=artifact.sha256, **tensors)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -459,30 +475,42 @@ class TriAttention(EvictionMethod):
 
     def resolve_stats_path(self, parent: ParentSession | None = None) -> Path:
         """``stats_path`` if set, else the default location for the model's fingerprint."""
+        return self._stats_path(self.model_fingerprint(parent))
+
+    def _stats_path(self, fingerprint: str | None) -> Path:
         if self.stats_path is not None:
             return Path(self.stats_path)
-        fp = self.model_fingerprint(parent)
-        if fp:
-            return find_calibration(default_stats_path(fp))
+        if fingerprint:
+            return find_calibration(default_stats_path(fingerprint))
         raise KvbenchError(
             "TriAttention cannot locate its calibration statistics: `stats_path` is not set and the model "
             f"fingerprint is unknown (set `fingerprint` on the method); calibrate with `{CALIBRATE_COMMAND}`"
         )
 
-    def load(self, parent: ParentSession | None = None) -> TriAttentionStats:
-        """The statistics for ``parent``'s model: ``stats`` if given, else the artifact (loaded once per
-        path and fingerprint). The fingerprint is checked whenever it is known."""
-        fp = self.model_fingerprint(parent)
+    def _stats(self, fingerprint: str | None) -> TriAttentionStats:
+        """``stats`` if given, else the artifact for that fingerprint, read once per path and fingerprint; the
+        fingerprint is checked whenever it is known."""
         if self.stats is not None:
             check_fingerprint(
-                self.stats.fingerprint, fp, what="TriAttention statistics given in memory", fix=CALIBRATE_COMMAND
-            )
+                self.stats.fingerprint, fingerprint, what="TriAttention statistics given in memory",
+                fix=CALIBRATE_COMMAND,
+            )  # fmt: skip
             return self.stats
-        path = self.resolve_stats_path(parent)
-        key = (str(path), fp)
+        path = self._stats_path(fingerprint)
+        key = (str(path), fingerprint)
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, load_stats(path, fp))
+            self._cache = (key, load_stats(path, fingerprint))
         return self._cache[1]
+
+    def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
+        """The SHA-256 of the statistics file this instance scores that model with (read here, once); for
+        statistics given in memory, of the file :func:`save_stats` would write for them."""
+        return self._stats(self.fingerprint or model_fingerprint).sha256
+
+    def load(self, parent: ParentSession | None = None) -> TriAttentionStats:
+        """The statistics for ``parent``'s model: ``stats`` if given, else the artifact (read once per path
+        and fingerprint). The fingerprint is checked whenever it is known."""
+        return self._stats(self.model_fingerprint(parent))
 
     def _check(self, stats: TriAttentionStats, parent: ParentSession) -> None:
         where = "(in memory)" if self.stats is not None else str(self.resolve_stats_path(parent))

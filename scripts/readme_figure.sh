@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the README's report figure: the README's main job (the shipped default model, offline), its
 # report, and the mean-over-tasks curve copied to docs/report-default.png. From scratch every time (about
-# 80 s): a row's identity does not include the calibration artifacts it was scored with, so resuming after a
-# recalibration would keep rows of the old GateSight / TriAttention artifacts.
+# 80 s), so the figure shows the current calibration artifacts (kvbench run refuses to add rows of a new
+# artifact to an --out holding rows of the old one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf results/default reports/default

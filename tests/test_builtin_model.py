@@ -83,6 +83,9 @@ def test_every_method_runs_offline_on_the_default(tmp_path, capsys):
     assert run["config"]["model"] == "tiny-trained"
     assert run["config"]["length"] == models.load_model().context_length
     assert max(r["n_context"] for r in rows) <= run["config"]["length"]
+    # each row records the artifact its method read (the manifest lists them): shipped files for the two with one
+    assert {r["method"]: r["artifact_sha256"] for r in rows} == run["artifacts"]
+    assert {m for m, sha in run["artifacts"].items() if sha} == {"gatesight", "triattention"}
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from kvbench.report import tables as T
 from kvbench.report.data import SETTING
 
 BASE = {"model": "m", "engine": "torch", "bench": "b", "seed": 42, "length": 1024, "real_fork": True,
-        "context_sha256": "c0", "model_fingerprint": "f0"}
+        "context_sha256": "c0", "model_fingerprint": "f0", "artifact_sha256": None}
 
 
 def row(method, task, item, q, p, score, alloc="flat", **kw) -> dict:

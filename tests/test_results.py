@@ -32,6 +32,7 @@ def make_row(i: int = 0, p: float = 0.5, **extra) -> dict:
         "seed": 42,
         "context_sha256": "ab" * 32,
         "model_fingerprint": "cd" * 32,
+        "artifact_sha256": None,
         "score": 100.0,
         **extra,
     }
@@ -60,10 +61,12 @@ def test_is_done_by_row_and_by_key(tmp_path):
 
 @pytest.mark.parametrize(
     "field, other",
-    [("length", 512), ("seed", 7), ("context_sha256", "ef" * 32), ("model_fingerprint", "01" * 32), ("engine", "v")],
-)
+    [("length", 512), ("seed", 7), ("context_sha256", "ef" * 32), ("model_fingerprint", "01" * 32), ("engine", "v"),
+     ("artifact_sha256", "12" * 32)],
+)  # fmt: skip
 def test_every_setting_that_changes_an_answer_is_in_the_identity(tmp_path, field, other):
-    """issue 17 item 1: a row of another length, seed, context, model (dtype included) or engine is not done."""
+    """issue 17 item 1: a row of another length, seed, context, model (dtype included), engine or calibration
+    artifact is not done."""
     assert field in ROW_KEY
     with ResultsStore(tmp_path) as store:
         store.append(make_row(0))
@@ -225,6 +228,7 @@ rows_strategy = st.lists(
             "seed": st.integers(0, 2),
             "context_sha256": st.sampled_from(["ab", "cd"]),
             "model_fingerprint": st.just("f"),
+            "artifact_sha256": st.sampled_from([None, "a1"]),
             "score": st.floats(allow_nan=False, allow_infinity=False),
             "pred": text,
         }
@@ -412,6 +416,29 @@ def test_legacy_rows_are_never_reused(tmp_path):
     read = read_results(tmp_path)
     assert [r["item"] for r in read.rows] == [7]
     assert len(read.notes) == 1 and "left out 2 rows" in read.notes[0]
+
+
+def test_rows_without_an_artifact_digest_are_legacy(tmp_path):
+    """Rows of the previous release (every field of the key but ``artifact_sha256``) could stand for a replaced
+    calibration: refused by a writer, left out by a reader, like older legacy rows."""
+    old = {k: v for k, v in make_row(0, method="gatesight").items() if k != "artifact_sha256"}
+    (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
+    with pytest.raises(ResultsError, match="1 rows of an older kvbench.*artifact_sha256.*new --out"):
+        ResultsStore(tmp_path)
+    read = read_results(tmp_path)
+    assert read.rows == [] and "left out 1 rows" in read.notes[0]
+
+
+def test_recorded_artifacts_per_model_and_method(tmp_path):
+    with ResultsStore(tmp_path, (1, 2)) as other:
+        other.append(make_row(0, method="gatesight", artifact_sha256="aa"))
+    with ResultsStore(tmp_path, (0, 2)) as store:
+        store.append(make_row(1, method="gatesight", artifact_sha256="bb"))
+        store.append(make_row(2))
+        store.append(make_row(3, method="gatesight", artifact_sha256="cc", model_fingerprint="ef" * 32))
+        assert store.recorded_artifacts("m", "cd" * 32) == {"gatesight": {"aa", "bb"}, "snapkv": {"None"}}
+        assert store.recorded_artifacts("m", "ef" * 32) == {"gatesight": {"cc"}}
+        assert store.recorded_artifacts("x", "cd" * 32) == {}
 
 
 def test_full_disk_names_the_file_and_leaves_it_resumable(tmp_path, monkeypatch):

@@ -8,11 +8,13 @@ parsed one by one into columns (the prediction, references and meta fields are n
 ``frame(rows)`` turns row dicts into the same DataFrame. Its columns:
 
 * identity, the text of :func:`kvbench.results.row_key`: ``model, engine, bench, task, method, allocation, item,
-  question, model_fingerprint, context_sha256, length, seed`` (categorical ``str`` of the field's value) and
-  ``p`` (float, rounded to 4 decimals); for a field absent from the row (only :func:`frame` meets such rows)
-  ``""``, ``"n/a"`` for ``length`` and ``seed``;
+  question, model_fingerprint, context_sha256, length, seed, artifact_sha256`` (categorical ``str`` of the
+  field's value, ``"None"`` for null) and ``p`` (float, rounded to 4 decimals); for a field absent from the row
+  (only :func:`frame` meets such rows) ``""``, ``"n/a"`` for ``length`` and ``seed``;
 * ``label``: ``"method [allocation]"`` (rows run with non-default method options have the method
-  ``METHOD[OPTION=VALUE,…]``, so they get labels of their own);
+  ``METHOD[OPTION=VALUE,…]``, so they get labels of their own). Where rows of one method in one setting were
+  scored with more than one artifact (directories of two calibrations read together), ``method`` becomes
+  ``METHOD@SHA`` (the digest's first 8 hex digits) and the label follows, so they are never averaged together;
 * scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
   scorer has no revision), ``sub`` (the sub-task of a mixed SCBench task, ``""`` elsewhere), ``scorer``;
 * flags: ``real_fork``, ``query_aware``, ``random_weights`` (bool);
@@ -53,7 +55,7 @@ __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_tit
 #: A comparable setting: rows of one (model, weights, engine, bench, prompt length, seed) are compared.
 SETTING = ["model", "model_fingerprint", "engine", "bench", "length", "seed"]
 _STR = ["model", "engine", "bench", "task", "method", "allocation", "item", "question", "model_fingerprint",
-        "context_sha256", "length", "seed", "label", "scorer", "sub"]  # fmt: skip
+        "context_sha256", "length", "seed", "artifact_sha256", "label", "scorer", "sub"]  # fmt: skip
 _FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full_bytes", "n_context", "prefill_s",
           "score_s"]  # fmt: skip
 _BOOL = ["real_fork", "query_aware", "random_weights"]
@@ -148,7 +150,7 @@ def frame(rows: Iterable[dict]) -> pd.DataFrame:
     cols = _Columns()
     for row in rows:
         cols.add(row)
-    return cols.frame()
+    return _split_artifacts(cols.frame())[0]
 
 
 def load(dirs: Path | Sequence[Path], workers: int | None = None) -> tuple[pd.DataFrame, dict[str, str], list[str]]:
@@ -182,7 +184,39 @@ def load(dirs: Path | Sequence[Path], workers: int | None = None) -> tuple[pd.Da
     if duplicated.any():
         df = df[~duplicated].reset_index(drop=True)
         read.notes.append(duplicates_note(int(duplicated.sum())))
-    return df, read.missing, read.notes
+    df, notes = _split_artifacts(df)
+    return df, read.missing, read.notes + notes
+
+
+def _split_artifacts(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Tell apart the rows of one method and setting scored with different artifacts: their ``method`` gets
+    ``@`` and the digest's first 8 hex digits, their label follows; one note per method so split."""
+    if df.empty:
+        return df, []
+    keys = [*SETTING, "method"]
+    counts = df.groupby(keys, observed=True, sort=False)["artifact_sha256"].nunique()
+    split = counts[counts > 1]
+    if split.empty:
+        return df, []
+    notes = []
+    method, label = df["method"].astype(str).to_numpy(dtype=object), df["label"].astype(str).to_numpy(dtype=object)
+    sha = df["artifact_sha256"].astype(str).to_numpy(dtype=object)
+    allocation = df["allocation"].astype(str).to_numpy(dtype=object)
+    index = df.set_index(keys).index
+    for key in split.index:
+        rows = np.flatnonzero(index.isin([key]))
+        digests = sorted(set(sha[rows]))
+        for i in rows:
+            method[i] = f"{method[i]}@{'none' if sha[i] == 'None' else sha[i][:8]}"
+            label[i] = f"{method[i]} [{allocation[i]}]"
+        notes.append(
+            f"rows of {key[-1]} ({setting_title(key[:-1])}) were scored with {len(digests)} different artifacts "
+            f"({', '.join(d[:8] for d in digests)}, e.g. before and after a recalibration): shown apart as "
+            f"{', '.join(sorted(set(method[rows])))}"
+        )
+    df = df.copy()
+    df["method"], df["label"] = pd.Categorical(method), pd.Categorical(label)
+    return df, notes
 
 
 #: bytes of a results file parsed by one worker task (a 1.4 M-row sweep is about 1.4 GB)

@@ -67,8 +67,11 @@ class GateSightEstimator(nn.Module):
     """Per (attention layer, KV head) MLPs with stored feature statistics.
 
     windows: per attention layer ordinal, the GDN ordinals it reads; n_value_heads: GDN value heads ``Hv``;
-    metadata: the artifact's json (model identity, window, gate means, training record).
+    metadata: the artifact's json (model identity, window, gate means, training record); sha256: the hex
+    SHA-256 of the weights file it was loaded from (None for one built in memory).
     """
+
+    sha256: str | None = None
 
     def __init__(
         self,
@@ -223,7 +226,8 @@ def load_artifact(path: str | os.PathLike, expected_fingerprint: str | None = No
             f"no GateSight artifact at {path}; produce one for this model with `{PRODUCE_COMMAND}` "
             f"(or point ${ARTIFACT_ENV} at an existing artifact directory)"
         )
-    meta, tensors = read_artifact(weights, what="GateSight artifact", fmt=FORMAT, fix=PRODUCE_COMMAND)
+    artifact = read_artifact(weights, what="GateSight artifact", fmt=FORMAT, fix=PRODUCE_COMMAND)
+    meta, tensors = artifact.meta, artifact.tensors
     check_fingerprint(
         str(meta.get("fingerprint", "")),
         expected_fingerprint,
@@ -240,6 +244,7 @@ def load_artifact(path: str | os.PathLike, expected_fingerprint: str | None = No
             state[f"feat_std_{f}"] = tensors[f"layer{f}.feat_std"]
         state["gate_means"] = tensors["gate_means"]
         est.load_state_dict(state, strict=True)
+        est.sha256 = artifact.sha256
     except (KeyError, RuntimeError, TypeError) as exc:
         raise KvbenchError(
             f"{weights} is inconsistent ({type(exc).__name__}: {exc}); recreate it with `{PRODUCE_COMMAND}`"

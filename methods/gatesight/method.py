@@ -51,35 +51,43 @@ class GateSight(EvictionMethod):
         self._cache: tuple[tuple, GateSightEstimator] | None = None
 
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
+        """Where the artifact for ``parent``'s model is read (the lookup order of the class docstring)."""
+        return self._artifact_path(self.model_fingerprint(parent))
+
+    def _artifact_path(self, fingerprint: str | None) -> Path:
         if self.artifact is not None:
             return Path(self.artifact)
         env = os.environ.get(ARTIFACT_ENV)
         if env:
             return Path(env)
-        fp = self.model_fingerprint(parent)
-        if fp:
-            return find_calibration(default_artifact_dir(fp))
+        if fingerprint:
+            return find_calibration(default_artifact_dir(fingerprint))
         raise KvbenchError(
             "GateSight cannot locate its artifact: no `artifact` is set, $" + ARTIFACT_ENV + " is unset and the "
             f"model fingerprint is unknown (set `fingerprint` on the method); produce one with `{PRODUCE_COMMAND}`"
         )
 
-    def load(self, parent: ParentSession | None = None) -> GateSightEstimator:
-        """The artifact for ``parent``'s model (loaded once per path, fingerprint and device), shape-checked."""
-        path = self.resolve_artifact(parent)
-        fp = self.model_fingerprint(parent)
-        device = None
-        if parent is not None:
-            device = parent.keys(0).device if parent.n_attn_layers else None
-        key = (str(path), fp, str(device))
+    def _estimator(self, fingerprint: str | None) -> GateSightEstimator:
+        """The artifact for that fingerprint, read once per path and fingerprint (fingerprint-checked)."""
+        path = self._artifact_path(fingerprint)
+        key = (str(path), fingerprint)
         if self._cache is None or self._cache[0] != key:
-            est = load_artifact(path, fp)
-            if device is not None:
-                est = est.to(device)
-            self._cache = (key, est)
-        est = self._cache[1]
+            self._cache = (key, load_artifact(path, fingerprint))
+        return self._cache[1]
+
+    def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
+        """The SHA-256 of the estimator weights file this instance scores that model with (read here, once)."""
+        return self._estimator(self.fingerprint or model_fingerprint).sha256
+
+    def load(self, parent: ParentSession | None = None) -> GateSightEstimator:
+        """The artifact for ``parent``'s model (read once per path and fingerprint, moved to the parent's
+        device), shape-checked."""
+        fp = self.model_fingerprint(parent)
+        est = self._estimator(fp)
         if parent is not None:
-            self._check(est, parent, path)
+            if parent.n_attn_layers:
+                est.to(parent.keys(0).device)  # in place: the cached estimator is the one whose digest rows record
+            self._check(est, parent, self._artifact_path(fp))
         return est
 
     @staticmethod
