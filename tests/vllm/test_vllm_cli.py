@@ -1,5 +1,6 @@
-"""``kvbench run --engine vllm`` end to end on the shipped default model (bfloat16), offline, with the
-shipped bfloat16 calibration artifacts (vLLM environment only)."""
+"""``kvbench run --engine vllm`` end to end on each shipped trained model (bfloat16: the MoE Qwen3-Next default
+and, once shipped, its dense Qwen3.5 twin), offline, with the shipped bfloat16 calibration artifacts (vLLM
+environment only)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here: these tests run in .venv-vllm (scripts/setup_vllm.sh)")
 
 from kvbench.methods import list_methods, method_class  # noqa: E402
+from tests.test_builtin_model import TRAINED  # noqa: E402
 from tests.test_cli import kvbench, read_rows  # noqa: E402
 
 
-def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
+@pytest.mark.parametrize("model", TRAINED)
+def test_every_method_runs_on_the_vllm_engine(model, tmp_path, capsys):
     """Every built-in method that does not name its engines runs under --engine vllm with its default
     allocation (KVzip's ``global`` keeps different counts per KV head: head pages), and with a per-head-uniform
     one (--allocation flat). A method that names the torch engine only (``oracle``: it reads ``W_O`` from the
@@ -20,7 +23,7 @@ def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
     methods = [m for m in builtin if "vllm" in (getattr(method_class(m), "engines", None) or ("vllm",))]
     torch_only = sorted(set(builtin) - set(methods))
     assert "oracle" in torch_only and "kvzip" in methods and "gatesight" in methods
-    common = ["--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5"]
+    common = ["--model", model, "--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5"]
     out = tmp_path / "run"
     for name in torch_only:
         assert kvbench("run", "--method", f"full,{name}", *common, "--out", str(out)) == 2
@@ -29,7 +32,7 @@ def test_every_method_runs_on_the_vllm_engine(tmp_path, capsys):
     assert kvbench("run", "--method", ",".join(methods), *common, "--out", str(out)) == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert {r["method"] for r in rows} == set(methods)
-    assert all(r["engine"] == "vllm" and r["real_fork"] for r in rows)
+    assert all(r["engine"] == "vllm" and r["model"] == model and r["real_fork"] for r in rows)
     full = next(r for r in rows if r["method"] == "full")
     half = [r for r in rows if r["p"] == 0.5]
     assert all(r["stored_bytes"] < full["stored_bytes"] for r in half)  # fewer pool blocks than the parent's
