@@ -23,7 +23,8 @@ def test_every_method_runs_on_the_vllm_engine(model, tmp_path, capsys):
     methods = [m for m in builtin if "vllm" in (getattr(method_class(m), "engines", None) or ("vllm",))]
     torch_only = sorted(set(builtin) - set(methods))
     assert "oracle" in torch_only and "kvzip" in methods and "gatesight" in methods
-    common = ["--model", model, "--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5"]
+    common = ["--model", model, "--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1",
+              "--p", "0.5"]  # fmt: skip
     out = tmp_path / "run"
     for name in torch_only:
         assert kvbench("run", "--method", f"full,{name}", *common, "--out", str(out)) == 2
