@@ -385,6 +385,12 @@ def test_model_list_runs_each_model_once_into_one_out(tmp_path, capsys, monkeypa
     assert kvbench(*args) == 0
     assert read_rows(out) == rows
     assert "4 already present" in capsys.readouterr().err.replace("\n", " ")
+    # the report compares the two models side by side (one method ranked: its rank agreement is n/a)
+    assert kvbench("report", "--results", str(out), "--out", str(tmp_path / "rep")) == 0
+    printed = capsys.readouterr().out.replace("\n", " ")
+    assert "Across models" in printed and "rank agreement" in printed
+    html = (tmp_path / "rep" / "index.html").read_text()
+    assert "Across models (mean over 1 common task)" in html and "tiny-random-qwen3_5 p=0.5" in html
 
 
 @pytest.mark.parametrize(

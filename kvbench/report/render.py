@@ -21,7 +21,17 @@ import pandas as pd
 from kvbench.report import figures as F
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING, setting_title, usable
-from kvbench.report.terminal import RANDOM_WARNING, counts_line, is_random, missing_lines, render_markdown
+from kvbench.report.terminal import (
+    RANDOM_WARNING,
+    across_shown,
+    agreement_shown,
+    common_tasks,
+    counts_line,
+    group_title,
+    is_random,
+    missing_lines,
+    render_markdown,
+)
 
 __all__ = ["Figure", "Options", "Report", "Section", "Table", "build", "write"]
 
@@ -123,6 +133,19 @@ def _ci(ci: pd.DataFrame, slug: str, title: str, ref: str) -> Table:
             f"method's task score minus {ref}'s, points, with the 95 % percentile interval; * marks an interval "
             "that excludes 0.")  # fmt: skip
     return Table(f"ci-{slug}", f"Difference to {ref} with 95 % CI — {title}", ci, shown, note, kind="ci")
+
+
+def _across(across: pd.DataFrame, agree: pd.DataFrame, key: tuple) -> list[Table]:
+    """The across-models views of one GROUP (:func:`kvbench.report.terminal.across_shown`)."""
+    title, slug = group_title(key), re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(map(str, key)))
+    shown, note = across_shown(across)
+    tables = [Table(f"across-{slug}", f"Across models (mean over {common_tasks(across)}) — {title}", across,
+                    shown, note, kind="across")]  # fmt: skip
+    if len(agree):
+        shown, note = agreement_shown(agree)
+        tables.append(Table(f"agreement-{slug}", f"Rank agreement across models — {title}", agree, shown, note,
+                            kind="agreement"))  # fmt: skip
+    return tables
 
 
 def _sensitivity(sens: dict, key: tuple, slug: str, title: str) -> list[Table]:
@@ -279,6 +302,11 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         sections.append(sec)
     for (i, j, name, fig_title, caption, _), (png, pdf) in zip(jobs, _draw_all([x[-1] for x in jobs]), strict=True):
         sections[i].blocks[j] = Figure(name, fig_title, png, pdf, caption)
+    across = T.across_models(cells)
+    agree = T.rank_agreement(across)
+    for key, g in across.groupby(T.GROUP, sort=True):
+        a = agree[(agree[T.GROUP].astype(str) == pd.Series(key, index=T.GROUP)).all(axis=1)] if len(agree) else agree
+        sections.append(Section(f"Across models — {group_title(key)}", _across(g, a, key)))
     if opt.cost:
         cost = T.cost_table(opt.cost)
         shown = cost.assign(prefill_s=cost.prefill_s.map(lambda v: _fmt(v, 3)),
@@ -287,7 +315,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         note = f"`kvbench cost` on {meta.get('model', '?')}: median seconds of {meta.get('repeats', '?')} runs."
         sections.append(Section("Scoring cost", [Table("cost", "Scoring cost by context length", cost,
                                                        shown.astype(str), note, kind="cost")]))  # fmt: skip
-    return Report(header, sections, render_markdown(df, missing))
+    return Report(header, sections, render_markdown(df, missing, across=False))  # the sections hold them
 
 
 # --- writers ---------------------------------------------------------------------------------------------------

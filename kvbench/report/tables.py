@@ -26,16 +26,21 @@ from kvbench.report.data import SETTING
 
 __all__ = [
     "FULL",
+    "GROUP",
+    "across_models",
     "allocation_ablation",
     "averaged",
     "ceiling_gap",
     "cost_table",
     "default_allocation",
+    "kendall_tau_b",
     "kvzip_table",
     "main_table",
     "memory_view",
+    "model_names",
     "paired_bootstrap",
     "parse_bytes",
+    "rank_agreement",
     "ranked_labels",
     "resample_weights",
     "revised_tasks",
@@ -127,6 +132,86 @@ def ceiling_gap(avg: pd.DataFrame) -> pd.DataFrame:
     m = ranked.merge(ceil, on=[*SETTING, "p"], suffixes=("", "_ceiling"))
     m["gap"] = m.score_ceiling - m.score
     return m.rename(columns={"label_ceiling": "ceiling"})[[*SETTING, "ceiling", "label", "p", "gap"]]
+
+
+#: a setting less its model: the settings of one GROUP (the same engine, bench, prompt length and seed) that
+#: differ only in their model (name or weights) are compared across models
+GROUP = [c for c in SETTING if c not in ("model", "model_fingerprint")]
+MODEL = ["model", "model_fingerprint"]
+
+
+def across_models(cells: pd.DataFrame) -> pd.DataFrame:
+    """Method scores side by side across the models of each GROUP that has two or more (else empty).
+
+    Per (GROUP, model, model_fingerprint, label, p): ``score``, the mean over the ``n_tasks`` tasks that every
+    model of the group has (so the models are averaged over the same tasks); ``complete`` when the label has all
+    of them there; ``rank`` (1 = best, ties share their mean rank) among the complete ranked labels (not
+    ``full``, not query-aware) of that model and p, NaN for the rest; ``method``, ``query_aware``.
+    """
+    cols = [*GROUP, *MODEL, "label", "p", "score", "n_tasks", "complete", "rank", "method", "query_aware"]
+    if cells.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for _, g in cells.groupby(GROUP, sort=True):
+        models = g[MODEL].drop_duplicates()
+        if len(models) < 2:
+            continue
+        common = set.intersection(*(set(t.task) for _, t in g.groupby(MODEL, sort=True)))
+        if not common:
+            continue
+        c = g[g.task.isin(common)]
+        a = c.groupby([*GROUP, *MODEL, "label", "p"], sort=True).agg(
+            score=("score", "mean"), n_tasks=("task", "nunique"), method=("method", "first"),
+            query_aware=("query_aware", "first"),
+        ).reset_index()  # fmt: skip
+        a["complete"] = a.n_tasks == len(common)
+        a["n_tasks"] = len(common)
+        ranked = a.complete & a.label.isin(ranked_labels(a))
+        a["rank"] = a.score.where(ranked).groupby([a[k] for k in [*MODEL, "p"]]).rank(ascending=False)
+        out.append(a[cols])
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's rank correlation tau-b of two equally long score lists (ties in either allowed): the sum over
+    pairs of ``sign(x_i - x_j) * sign(y_i - y_j)`` over ``sqrt((n0 - tx) (n0 - ty))``, ``n0`` the pairs, ``tx`` /
+    ``ty`` the pairs tied in x / y. NaN when either list is constant or has fewer than two entries."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) != len(y):
+        raise ValueError(f"kendall_tau_b: {len(x)} and {len(y)} values")
+    iu = np.triu_indices(len(x), k=1)
+    sx, sy = np.sign(x[:, None] - x[None, :])[iu], np.sign(y[:, None] - y[None, :])[iu]
+    denom = math.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy))
+    return float((sx * sy).sum() / denom) if denom else math.nan
+
+
+def rank_agreement(across: pd.DataFrame) -> pd.DataFrame:
+    """Per (GROUP, p, pair of models): Kendall's tau-b between the two models' scores of the ranked labels both
+    rank (``tau``, NaN if fewer than two or either is constant), over ``n`` labels. Models are named
+    ``model`` (``model@fingerprint[:8]`` where one name has two weights)."""
+    cols = [*GROUP, "p", "model_a", "model_b", "tau", "n"]
+    ranked = across[across["rank"].notna()] if len(across) else across
+    if ranked.empty:
+        return pd.DataFrame(columns=cols)
+    names = model_names(across)
+    out = []
+    for key, g in ranked.groupby([*GROUP, "p"], sort=True):
+        wide = g.pivot_table(index="label", columns=MODEL, values="score", aggfunc="first")
+        models = list(wide.columns)
+        for i, a in enumerate(models):
+            for b in models[i + 1 :]:
+                both = wide[[a, b]].dropna()
+                tau = kendall_tau_b(both[a], both[b]) if len(both) >= 2 else math.nan
+                out.append((*key, names[a], names[b], tau, len(both)))
+    return pd.DataFrame(out, columns=cols)
+
+
+def model_names(df: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """``(model, model_fingerprint) -> name`` shown: the model, ``model@fingerprint[:8]`` where a name has two
+    or more weights."""
+    pairs = sorted({(str(m), str(f)) for m, f in df[MODEL].itertuples(index=False)})
+    clash = {m for m, _ in pairs if sum(1 for n, _ in pairs if n == m) > 1}
+    return {(m, f): f"{m}@{f[:8]}" if m in clash else m for m, f in pairs}
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,6 +9,7 @@ task the mean of its sub-tasks). Every function takes row dicts or the DataFrame
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.report.data import SETTING, frame, setting_title, usable
-from kvbench.report.tables import task_scores
+from kvbench.report.tables import FULL, GROUP, across_models, model_names, rank_agreement, task_scores
 
 __all__ = ["RANDOM_WARNING", "as_frame", "missing_lines", "render_markdown", "render_rich", "summarize", "write_report"]
 
@@ -50,8 +51,9 @@ class _Table:
     note: str = ""
 
 
-def _tables(rows: Rows) -> list[_Table]:
-    """The per-task tables and the mean-over-tasks table of every setting."""
+def _tables(rows: Rows, across: bool = True) -> list[_Table]:
+    """The per-task tables and the mean-over-tasks table of every setting, then (``across``) the across-models
+    tables of every group of settings that differ only in their model."""
     df = summarize(rows)
     tables = []
     for key, g in df.groupby(SETTING, sort=True):
@@ -72,7 +74,81 @@ def _tables(rows: Rows) -> list[_Table]:
         partial = any(c.endswith("*") for row in cells for c in row[1:])
         note = f"Cells marked * average fewer than the {len(tasks)} tasks of {bench} (some task lacks them)."
         tables.append(_Table(section, "mean over tasks", columns, cells, note if partial else ""))
-    return tables
+    return tables + (_across_tables(df) if across else [])
+
+
+def group_title(key: tuple) -> str:
+    """A title for one ``tables.GROUP`` tuple (a setting less its model)."""
+    engine, bench, length, seed = key
+    return f"{engine} · {bench} · length {length} · seed {seed}"
+
+
+def common_tasks(across: pd.DataFrame) -> str:
+    """``"N common task(s)"`` of one GROUP of ``tables.across_models``."""
+    n = int(across.n_tasks.max())
+    return f"{n} common task" + ("" if n == 1 else "s")
+
+
+def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """One GROUP of ``tables.across_models`` as text: a row per label (``full`` first, then by mean rank,
+    query-aware last), a column per (p, model), cells ``score (#rank)`` (``*``: the label lacks a common task
+    there); and its footnote."""
+    names = model_names(across)
+    models = sorted(names, key=names.get)
+    cols = [(m, p) for p in sorted(across.p.unique(), reverse=True) for m in models]
+    cell = {(r.label, (r.model, r.model_fingerprint), r.p): r for r in across.itertuples(index=False)}
+    aware = set(across.loc[across.query_aware.astype(bool), "label"])
+    mean_rank = across.groupby("label")["rank"].mean()
+    labels = sorted(set(across.label), key=lambda lab: (lab in aware, not lab.startswith(FULL + " "),
+                                                        mean_rank.get(lab, math.inf), lab))  # fmt: skip
+
+    def text(r) -> str:
+        if r is None:
+            return ""
+        rank = "" if math.isnan(r.rank) else f" (#{r.rank:g})"
+        return f"{r.score:.1f}{rank}" + ("" if r.complete else "*")
+
+    shown = pd.DataFrame([[lab, *(text(cell.get((lab, m, p))) for m, p in cols)] for lab in labels],
+                         columns=["method [allocation]", *(f"{names[m]} p={p}" for m, p in cols)])  # fmt: skip
+    note = (f"Mean over the {int(across.n_tasks.max())} tasks every model has, %; (#k): the method's rank among "
+            "the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings are not "
+            "ranked).")
+    if not across.complete.all():
+        note += " *: the method lacks some of those tasks there (not ranked)."
+    return shown, note
+
+
+def agreement_shown(agree: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """One GROUP of ``tables.rank_agreement`` as text: a row per p, a column per pair of models; its footnote."""
+    pairs = sorted({(a, b) for a, b in agree[["model_a", "model_b"]].itertuples(index=False)})
+    by = {(r.p, r.model_a, r.model_b): r for r in agree.itertuples(index=False)}
+
+    def text(r) -> str:
+        if r is None:
+            return ""
+        return f"n/a (n={r.n})" if math.isnan(r.tau) else f"{r.tau:+.2f} (n={r.n})"
+
+    rows = [[f"p={p}", *(text(by.get((p, a, b))) for a, b in pairs)] for p in sorted(agree.p.unique(), reverse=True)]
+    note = ("Kendall's tau-b between two models' scores of the methods both rank (1: the same order, 0: unrelated, "
+            "-1: reversed); n: methods compared.")
+    return pd.DataFrame(rows, columns=["p", *(f"{a} vs {b}" for a, b in pairs)]), note
+
+
+def _across_tables(df: pd.DataFrame) -> list[_Table]:
+    """The across-models tables of every GROUP holding two or more models."""
+    across = across_models(df)
+    agree = rank_agreement(across)
+    out = []
+    for key, g in across.groupby(GROUP, sort=True):
+        section = f"Across models — {group_title(key)}"
+        shown, note = across_shown(g)
+        title = f"mean over {common_tasks(g)}"
+        out.append(_Table(section, title, list(shown.columns), shown.to_numpy().tolist(), note))
+        a = agree[(agree[GROUP].astype(str) == pd.Series(key, index=GROUP)).all(axis=1)] if len(agree) else agree
+        if len(a):
+            shown, note = agreement_shown(a)
+            out.append(_Table(section, "rank agreement", list(shown.columns), shown.to_numpy().tolist(), note))
+    return out
 
 
 def _mean_cell(mean: pd.DataFrame, label: str, p: float, n_tasks: int) -> str:
@@ -101,16 +177,17 @@ def missing_lines(rows: Rows, missing: dict[str, str] | None) -> list[str]:
     return [f"- **{name}** missing: {reason}" for name, reason in sorted((missing or {}).items()) if name not in have]
 
 
-def render_markdown(rows: Rows, missing: dict[str, str] | None = None) -> str:
+def render_markdown(rows: Rows, missing: dict[str, str] | None = None, across: bool = True) -> str:
     """The full report as markdown: header, missing tasks, one table per task, a mean-over-tasks table per
-    bench. ``missing`` maps ``bench/task`` to the reason its data was unavailable."""
+    bench, and (``across``) the across-models tables. ``missing`` maps ``bench/task`` to the reason its data was
+    unavailable."""
     df = as_frame(rows)
     lost = missing_lines(df, missing)
     lost = ["## Missing tasks", "", *lost, ""] if lost else []
     if not len(df):
         return "\n".join(["# kvbench results", "", "No results yet.", "", *lost])
     out = ["# kvbench results", "", counts_line(df), *([RANDOM_WARNING] if is_random(df) else []), "", *lost]
-    tables = _tables(df)
+    tables = _tables(df, across)
     if not tables:
         out += ["No comparable results yet.", ""]
     for i, t in enumerate(tables):
