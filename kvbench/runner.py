@@ -316,11 +316,14 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
         )
     if lm.random_weights:
         console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
+    artifacts = method_artifacts(plan, lm, store)  # each method reads its artifact now: absent -> nothing written
+    for label, sha in artifacts.items():
+        if sha is not None:
+            console.print(f"{label} scores with the artifact of sha256 {sha[:16]}… (rows record it)")
     with console.status(f"generating {config.bench} contexts …"):
         contexts, skipped = _contexts(config, lm, console)  # up front: an exact progress total
     for task, reason in skipped.items():
         store.record_missing(config.bench, task, reason)
-    artifacts = method_artifacts(plan, lm, store)
     store.write_manifest({**manifest_entry(config, lm), "artifacts": artifacts})
     engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])

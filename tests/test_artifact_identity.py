@@ -116,6 +116,7 @@ def test_rerun_after_a_recalibration_refuses_to_mix(default_lm, tmp_path, monkey
     rows = read_results(out).rows
     first = sha256_of(shipped("gatesight", default_lm))
     assert {(r["method"], r["artifact_sha256"]) for r in rows} == {("gatesight", first), ("snapkv", None)}
+    assert f"gatesight scores with the artifact of sha256 {first[:16]}" in capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["runs"][0]["artifacts"] == {"gatesight": first, "snapkv": None}
 
@@ -149,7 +150,8 @@ def test_missing_artifact_fails_before_anything_is_written(tmp_path, monkeypatch
     out = tmp_path / "out"
     assert kvbench(*RUN, "--method", "snapkv,gatesight", "--out", str(out)) == 2
     assert "no GateSight artifact" in capsys.readouterr().err
-    assert not (out / "manifest.json").exists() and read_results(out).rows == []
+    assert not (out / "manifest.json").exists() and not (out / "missing.json").exists()
+    assert read_results(out).rows == []
 
 
 def test_frame_splits_one_method_of_two_artifacts_only():
