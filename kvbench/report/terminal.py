@@ -110,9 +110,9 @@ def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
     shown = pd.DataFrame([[lab, *(text(cell.get((lab, m, p))) for m, p in cols)] for lab in labels],
                          columns=["method [allocation]", *(f"{names[m]} p={p}" for m, p in cols)])  # fmt: skip
-    note = (f"Mean over the {int(across.n_tasks.max())} tasks every model has, %; (#k): the method's rank among "
-            "the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings are not "
-            "ranked).")
+    note = (f"Mean over the {common_tasks(across).replace(' common', '')} every model has, %; (#k): the method's "
+            "rank among the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings "
+            "are not ranked).")
     if not across.complete.all():
         note += " *: the method lacks some of those tasks there (not ranked)."
     return shown, note
