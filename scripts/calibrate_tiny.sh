@@ -18,6 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-tiny-trained}
 THREADS=${2:-2}
+# the model is read from its exported directory (kvbench/builtin/MODEL) when there is one: a model just trained
+# by scripts/train_tiny.sh calibrates before it is registered in kvbench.models.BUILTIN_MODELS (same weights,
+# same fingerprint, same name: the directory's)
+SRC=$MODEL
+[ -d "kvbench/builtin/$MODEL" ] && SRC=kvbench/builtin/$MODEL
 DTYPES=${DTYPES:-float32 bfloat16}
 CLEAN=${CLEAN:-1}
 WORK=.kvbench_cache/calibrate-tiny/$MODEL
@@ -28,7 +33,7 @@ find "$WORK" -mindepth 1 -maxdepth 1 ! -name 'labels-*' -exec rm -rf {} +
 export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default locations here, then we copy
 .venv/bin/python -c "from kvbench.train_tiny import write_calibration_corpus as w; w('$WORK/corpus')"
 MAX_NEW=128   # GateSight's continuation length (the label recipe's default)
-MAX_DOC=$(.venv/bin/python - "$MODEL" "$MAX_NEW" <<'PY'
+MAX_DOC=$(.venv/bin/python - "$SRC" "$MAX_NEW" <<'PY'
 import sys
 from kvbench.models import load_model
 from kvbench.prompt import encode, template_parts
@@ -41,8 +46,8 @@ PY
 )
 echo "GateSight documents cut to $MAX_DOC tokens"
 for DTYPE in $DTYPES; do
-  .venv/bin/kvbench calibrate triattention --model "$MODEL" --corpus "$WORK/corpus" --dtype "$DTYPE"
-  .venv/bin/kvbench gatesight label --model "$MODEL" --corpus "$WORK/corpus" --out "$WORK/labels-$DTYPE" \
+  .venv/bin/kvbench calibrate triattention --model "$SRC" --corpus "$WORK/corpus" --dtype "$DTYPE"
+  .venv/bin/kvbench gatesight label --model "$SRC" --corpus "$WORK/corpus" --out "$WORK/labels-$DTYPE" \
     --threads "$THREADS" --dtype "$DTYPE" --max-new-tokens "$MAX_NEW" --max-doc-tokens "$MAX_DOC"
   .venv/bin/kvbench gatesight train --labels "$WORK/labels-$DTYPE" --threads "$THREADS"
 done
