@@ -37,6 +37,8 @@ METHODS = {"random": "flat", "snapkv": "flat", "keydiff": "flat", "triattention"
            "gatesight": "gate"}  # fmt: skip
 PS = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
 ABLATION_TASKS = {"kv", "qa_eng", "many_shot", "niah_single_1", "niah_multikey_2", "vt"}
+#: the default allocation each method's rows record (its class attribute)
+DEFAULTS = {**METHODS, "oracle": "gate"}
 #: the calibration artifacts the synthetic rows record (the shipped model's have SHA-256 digests like these)
 ARTIFACTS = {"gatesight": "5a" * 32, "triattention": "7c" * 32}
 SKILL = {"random": 0.2, "snapkv": 0.55, "keydiff": 0.6, "triattention": 0.65, "kvzip": 0.75, "gatesight": 0.8,
@@ -91,7 +93,8 @@ def generate(out: Path, seed: int = 0, shards: int = 4) -> int:
                                 "score_s": 3.0 if method == "kvzip" else 0.02, "fork_s": 0.001, "answer_s": 0.4,
                                 "new_tokens": 12, "stopped": True, "seed": 42, "length": 4096,
                                 "model_fingerprint": fp, "random_weights": False,
-                                "artifact_sha256": ARTIFACTS.get(method), "meta": {"id": item},
+                                "artifact_sha256": ARTIFACTS.get(method),
+                                "default_allocation": DEFAULTS.get(method, "flat"), "meta": {"id": item},
                             }))  # fmt: skip
                     shard.write("\n".join(lines) + "\n")
                     n_rows += len(lines)

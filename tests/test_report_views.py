@@ -13,6 +13,7 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.report import data as D
+from kvbench.report import render as R
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING
 
@@ -134,6 +135,34 @@ def test_allocation_ablation_differences_to_the_default():
     assert (ab.default == "gate").all()  # GateSight's own default allocation
     assert ab.delta[("flat", 0.5)] == -5 and ab.delta[("pyramid", 0.5)] == -18 and ab.delta[("flat", 0.1)] == 3
     assert ab.delta[("gate", 0.5)] == 0
+
+
+def test_ablation_takes_the_recorded_default_and_never_a_stand_in():
+    """A third-party method not installed where the report runs: its rows' recorded default allocation is the
+    baseline; without one (rows of an older kvbench) no allocation is taken in its place: no differences, said
+    so in the table's note."""
+    cells = {("theirs", "pyramid", 0.5): 40, ("theirs", "flat", 0.5): 50}
+    rows = [row(m, "t", 0, 0, p, s, alloc=a, default_allocation="pyramid") for (m, a, p), s in cells.items()]
+    use = D.usable(D.frame(rows))
+    avg = T.averaged(T.task_scores(use))
+    ab = T.allocation_ablation(avg, T.recorded_defaults(use)).set_index("allocation")
+    assert (ab.default == "pyramid").all() and ab.delta["flat"] == 10 and ab.delta["pyramid"] == 0
+    older = T.allocation_ablation(avg, T.recorded_defaults(D.usable(D.frame([
+        {k: v for k, v in r.items() if k != "default_allocation"} for r in rows])))).set_index("allocation")
+    assert (older.default == "").all() and older.delta.isna().all()  # not "flat" because it sorts first
+    report = R.build(D.frame([{k: v for k, v in r.items() if k != "default_allocation"} for r in rows]), {}, [], [],
+                     R.Options(n_resamples=20, figures=False))  # fmt: skip
+    table = next(b for sec in report.sections for b in sec.blocks if getattr(b, "kind", "") == "ablation")
+    assert "No difference for theirs" in table.note and "(+" not in " ".join(table.shown.astype(str).sum())
+
+
+def test_runner_rows_record_the_default_allocation(tmp_path, capsys):
+    from tests.test_cli import kvbench, read_rows
+
+    out = tmp_path / "o"
+    assert kvbench("run", "--model", "tiny-random", "--method", "test-keynorm", "--allocation", "flat", "--limit", "1",
+                   "--length", "600", "--p", "0.5", "--out", str(out)) == 0, capsys.readouterr().err  # fmt: skip
+    assert {r["default_allocation"] for r in read_rows(out)} == {"pyramid"}  # the class's, not the one run
 
 
 def test_sessions_per_gpu_hand_worked():

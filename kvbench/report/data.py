@@ -17,6 +17,8 @@ parsed one by one into columns (the prediction, references and meta fields are n
   ``METHOD@SHA`` (the digest's first 8 hex digits) and the label follows, so they are never averaged together;
 * scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
   scorer has no revision), ``sub`` (the sub-task of a mixed SCBench task, ``""`` elsewhere), ``scorer``;
+* ``default_allocation``: the allocation the row's method declares as its default (``""`` in rows of a kvbench
+  that did not record it);
 * flags: ``real_fork``, ``query_aware``, ``random_weights`` (bool);
 * measurements: ``stored_bytes, full_bytes, n_context`` (float), ``prefill_s, score_s`` (seconds).
 """
@@ -55,7 +57,8 @@ __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_tit
 #: A comparable setting: rows of one (model, weights, engine, bench, prompt length, seed) are compared.
 SETTING = ["model", "model_fingerprint", "engine", "bench", "length", "seed"]
 _STR = ["model", "engine", "bench", "task", "method", "allocation", "item", "question", "model_fingerprint",
-        "context_sha256", "length", "seed", "artifact_sha256", "label", "scorer", "sub"]  # fmt: skip
+        "context_sha256", "length", "seed", "artifact_sha256", "label", "scorer", "sub",
+        "default_allocation"]  # fmt: skip
 _FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full_bytes", "n_context", "prefill_s",
           "score_s"]  # fmt: skip
 _BOOL = ["real_fork", "query_aware", "random_weights"]
@@ -101,6 +104,8 @@ class _Columns:
         scorer = self._s(scorer if isinstance(scorer, str) else str(scorer or ""))
         s["scorer"].append(scorer)
         s["sub"].append(self._s(_sub_task(task, scorer)) if task in scorer else "")
+        default = row.get("default_allocation")
+        s["default_allocation"].append(self._s(default) if isinstance(default, str) else "")
         score = _num(row.get("score"))
         official, revised = _official_revised(score, scorer, row.get("scores") or {})
         f["p"].append(float(key[_KEY_P]))
@@ -245,7 +250,7 @@ def mp_context():
 #: the fields of a row the report reads (its key's, then :class:`_Columns`'); a row's other fields (prediction,
 #: references, meta, …) are skipped by the decoder, never built as Python objects
 _FIELDS = (*ROW_KEY, "scorer", "score", "scores", "stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s",
-           "real_fork", "query_aware", "random_weights")  # fmt: skip
+           "real_fork", "query_aware", "random_weights", "default_allocation")  # fmt: skip
 _ReportFields = msgspec.defstruct("_ReportFields", [(f, Any, msgspec.UNSET) for f in _FIELDS])
 _decode_fields = msgspec.json.Decoder(_ReportFields).decode
 

@@ -184,9 +184,17 @@ def _kvzip(kz: pd.DataFrame, slug: str, title: str) -> Table:
 
 
 def _ablation(ab: pd.DataFrame, slug: str, title: str) -> Table:
-    shown = _wide(ab, ["method", "allocation"], lambda r: f"{r.score:.1f} ({r.delta:+.1f})" + ("*" * r.partial))
+    def cell(r) -> str:
+        delta = "" if math.isnan(r.delta) else f" ({r.delta:+.1f})"
+        return f"{r.score:.1f}{delta}" + ("*" * r.partial)
+
+    shown = _wide(ab, ["method", "allocation"], cell)
     note = ("Mean over tasks (%), in parentheses the difference to the method's default allocation at the same p "
             "and total budget; * averages fewer tasks than the setting has.")  # fmt: skip
+    unknown = sorted(set(ab.loc[ab.default == "", "method"]))
+    if unknown:
+        note += (f" No difference for {', '.join(unknown)}: its default allocation was not run, or is unknown here "
+                 "(rows of an older kvbench, method not installed).")
     return Table(f"ablation-{slug}", f"Allocation ablation — {title}", ab, shown, note, kind="ablation")
 
 
@@ -255,7 +263,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
     ci = T.paired_bootstrap(use, opt.reference, opt.n_resamples, opt.seed)
     sens = T.scorer_sensitivity(use)
     kz = T.kvzip_table(use, avg)
-    ab = T.allocation_ablation(avg)
+    ab = T.allocation_ablation(avg, T.recorded_defaults(use))
     gap = T.ceiling_gap(avg)
     shapes = {(r.get("model"), r.get("model_fingerprint") or ""): r["model_shape"] for r in manifests
               if isinstance(r.get("model_shape"), dict)}  # fmt: skip

@@ -42,6 +42,7 @@ __all__ = [
     "parse_bytes",
     "rank_agreement",
     "ranked_labels",
+    "recorded_defaults",
     "resample_weights",
     "revised_tasks",
     "scorer_sensitivity",
@@ -225,19 +226,36 @@ def _declared_default(method: str) -> str | None:
         return None
 
 
-def default_allocation(method: str, allocations: Sequence[str]) -> str:
-    """The method's own default allocation (its class attribute) when it is among ``allocations``, else the
-    first of them in sorted order (a method the report cannot import)."""
-    default = _declared_default(method)
-    return default if default in allocations else sorted(allocations)[0]
+def recorded_defaults(df: pd.DataFrame) -> dict[str, str]:
+    """``{method: default allocation}`` as the rows record it (their method's class attribute when they ran);
+    rows of a kvbench that did not record it give none."""
+    d = df.loc[df.default_allocation.astype(str) != "", ["method", "default_allocation"]]
+    if d.empty:
+        return {}
+    d = d.drop_duplicates()
+    return dict(zip(d.method.astype(str), d.default_allocation.astype(str), strict=True))
+
+
+def default_allocation(method: str, allocations: Sequence[str], recorded: dict[str, str] | None = None) -> str | None:
+    """The method's own default allocation when it is among ``allocations``: as its rows record it
+    (``recorded``, :func:`recorded_defaults`), else as its class declares it where the report runs; None when
+    neither knows it or that allocation was not run (no other allocation is taken for it)."""
+    default = (recorded or {}).get(method) or _declared_default(method)
+    return default if default in allocations else None
 
 
 def _reference_label(df: pd.DataFrame, reference: str) -> str | None:
-    """The label of the reference method's rows: its default allocation, without method options if any."""
+    """The label of the reference method's rows: its default allocation, without method options if any; its
+    only allocation when just one was run; None when it has none of these rows."""
     rows = df[df.method == reference]
     if rows.empty:
         return None
-    alloc = default_allocation(reference, sorted(set(rows.allocation.astype(str))))
+    allocs = sorted(set(rows.allocation.astype(str)))
+    alloc = default_allocation(reference, allocs, recorded_defaults(rows))
+    if alloc is None:
+        if len(allocs) != 1:
+            return None
+        alloc = allocs[0]
     labels = sorted(set(rows.loc[rows.allocation == alloc, "label"].astype(str)), key=len)
     return labels[0]
 
@@ -395,9 +413,11 @@ def kvzip_table(df: pd.DataFrame, avg: pd.DataFrame) -> pd.DataFrame:
     return m[cols]
 
 
-def allocation_ablation(avg: pd.DataFrame) -> pd.DataFrame:
+def allocation_ablation(avg: pd.DataFrame, defaults: dict[str, str] | None = None) -> pd.DataFrame:
     """Methods run with more than one allocation: per (SETTING, method, allocation, p) the averaged score and
-    its difference (points) to the same method's default allocation at that p (``delta``; 0 for the default)."""
+    its difference (points) to the same method's default allocation at that p (``delta``; 0 for the default).
+    ``defaults``: the rows' recorded defaults (:func:`recorded_defaults`); a method whose default is unknown or
+    was not run gets ``default`` ``""`` and NaN deltas (never another allocation as a stand-in)."""
     cols = [*SETTING, "method", "allocation", "default", "p", "score", "delta", "partial"]
     a = avg[~avg.query_aware.astype(bool) & (avg.method != FULL)]  # a variant METHOD[OPTION=VALUE] is its own method
     out = []
@@ -405,7 +425,10 @@ def allocation_ablation(avg: pd.DataFrame) -> pd.DataFrame:
         allocs = sorted(set(g.allocation))
         if len(allocs) < 2:
             continue
-        default = default_allocation(method, allocs)
+        default = default_allocation(method, allocs, defaults)
+        if default is None:
+            out.append(g.assign(default="", delta=math.nan))
+            continue
         base = g[g.allocation == default].set_index("p").score
         g = g.assign(default=default, delta=g.score - g.p.map(base))
         out.append(g)
