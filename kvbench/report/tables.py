@@ -229,11 +229,10 @@ def _declared_default(method: str) -> str | None:
 def recorded_defaults(df: pd.DataFrame) -> dict[str, str]:
     """``{method: default allocation}`` as the rows record it (their method's class attribute when they ran);
     rows of a kvbench that did not record it give none."""
-    d = df.loc[df.default_allocation.astype(str) != "", ["method", "default_allocation"]]
-    if d.empty:
+    if df.empty:
         return {}
-    d = d.drop_duplicates()
-    return dict(zip(d.method.astype(str), d.default_allocation.astype(str), strict=True))
+    pairs = df.groupby(["method", "default_allocation"], observed=True, sort=False).size()  # on the category codes
+    return {str(m): str(a) for (m, a), n in pairs.items() if n and str(a)}
 
 
 def default_allocation(method: str, allocations: Sequence[str], recorded: dict[str, str] | None = None) -> str | None:
