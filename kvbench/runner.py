@@ -365,13 +365,13 @@ def method_artifacts(
                 "digest (a non-empty str), or None for a method without an artifact"
             )
         artifacts[method.label] = sha
+    def short(d: str) -> str:
+        return "none" if d == "None" else d[:12] + "…"
+
     recorded = store.recorded_artifacts(lm.name, lm.fingerprint)
     for label, sha in artifacts.items():
         other = sorted(recorded.get(label, set()) - {str(sha)})
         if other:
-            def short(d: str) -> str:
-                return "none" if d == "None" else d[:12] + "…"
-
             raise KvbenchError(
                 f"{store.dir} holds {label} rows of model {lm.name} scored with another artifact (sha256 "
                 f"{', '.join(map(short, other))}) than this run's ({short(str(sha))}), e.g. from before a "

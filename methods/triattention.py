@@ -190,11 +190,16 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
+def _metadata(stats: TriAttentionStats) -> dict:
+    """The artifact's metadata: ``format`` and the statistics' own (embedded in the file and its sidecar)."""
+    return {"format": FORMAT, **stats.metadata}
+
+
 def _serialize(stats: TriAttentionStats) -> bytes:
-    """The artifact file's bytes: safetensors of the four tensors, the metadata (``format`` added) embedded."""
+    """The artifact file's bytes: safetensors of the four tensors, :func:`_metadata` embedded."""
     from safetensors.torch import save
 
-    meta = {"format": FORMAT, **stats.metadata}
+    meta = _metadata(stats)
     tensors = {
         "q_mean_re": stats.q_mean_re.detach().float().cpu().contiguous(),
         "q_mean_im": stats.q_mean_im.detach().float().cpu().contiguous(),
@@ -208,7 +213,7 @@ def save_stats(stats: TriAttentionStats, path: str | os.PathLike) -> Path:
     """Atomically write the statistics to ``path`` and the metadata to ``path`` with suffix ``.json``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, **stats.metadata}
+    meta = _metadata(stats)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_bytes(_serialize(stats))
     side_tmp = _sidecar(path).with_name(_sidecar(path).name + f".tmp{os.getpid()}")

@@ -95,8 +95,12 @@ def _fmt(x: float, digits: int = 1, sign: bool = False) -> str:
 
 def _slug(key: tuple) -> str:
     model, fp, engine, bench, length, seed = key
-    parts = [model, fp[:8], engine, bench, f"L{length}", f"s{seed}"]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(p for p in parts if p))
+    return _file_name([model, fp[:8], engine, bench, f"L{length}", f"s{seed}"])
+
+
+def _file_name(parts) -> str:
+    """The non-empty ``parts`` joined by ``-``, every run of other characters than ``[A-Za-z0-9._-]`` as ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(str(p) for p in parts if p))
 
 
 def _wide(long: pd.DataFrame, index: list[str], cell) -> pd.DataFrame:
@@ -137,7 +141,7 @@ def _ci(ci: pd.DataFrame, slug: str, title: str, ref: str) -> Table:
 
 def _across(across: pd.DataFrame, agree: pd.DataFrame, key: tuple) -> list[Table]:
     """The across-models views of one GROUP (:func:`kvbench.report.terminal.across_shown`)."""
-    title, slug = group_title(key), re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(map(str, key)))
+    title, slug = group_title(key), _file_name(key)
     shown, note = across_shown(across)
     tables = [Table(f"across-{slug}", f"Across models (mean over {common_tasks(across)}) — {title}", across,
                     shown, note, kind="across")]  # fmt: skip
@@ -310,10 +314,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         sections.append(sec)
     for (i, j, name, fig_title, caption, _), (png, pdf) in zip(jobs, _draw_all([x[-1] for x in jobs]), strict=True):
         sections[i].blocks[j] = Figure(name, fig_title, png, pdf, caption)
-    across = T.across_models(cells)
-    agree = T.rank_agreement(across)
-    for key, g in across.groupby(T.GROUP, sort=True):
-        a = agree[(agree[T.GROUP].astype(str) == pd.Series(key, index=T.GROUP)).all(axis=1)] if len(agree) else agree
+    for key, g, a in T.across_groups(cells):
         sections.append(Section(f"Across models — {group_title(key)}", _across(g, a, key)))
     if opt.cost:
         cost = T.cost_table(opt.cost)

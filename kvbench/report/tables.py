@@ -27,6 +27,7 @@ from kvbench.report.data import SETTING
 __all__ = [
     "FULL",
     "GROUP",
+    "across_groups",
     "across_models",
     "allocation_ablation",
     "averaged",
@@ -162,10 +163,10 @@ def across_models(cells: pd.DataFrame) -> pd.DataFrame:
             continue
         c = g[g.task.isin(common)]
         a = c.groupby([*GROUP, *MODEL, "label", "p"], sort=True).agg(
-            score=("score", "mean"), n_tasks=("task", "nunique"), method=("method", "first"),
+            score=("score", "mean"), tasks_here=("task", "nunique"), method=("method", "first"),
             query_aware=("query_aware", "first"),
         ).reset_index()  # fmt: skip
-        a["complete"] = a.n_tasks == len(common)
+        a["complete"] = a.tasks_here == len(common)
         a["n_tasks"] = len(common)
         ranked = a.complete & a.label.isin(ranked_labels(a))
         a["rank"] = a.score.where(ranked).groupby([a[k] for k in [*MODEL, "p"]]).rank(ascending=False)
@@ -205,6 +206,16 @@ def rank_agreement(across: pd.DataFrame) -> pd.DataFrame:
                 tau = kendall_tau_b(both[a], both[b]) if len(both) >= 2 else math.nan
                 out.append((*key, names[a], names[b], tau, len(both)))
     return pd.DataFrame(out, columns=cols)
+
+
+def across_groups(cells: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame, pd.DataFrame]]:
+    """``(GROUP key, across_models rows, rank_agreement rows)`` of every GROUP holding two or more models, in
+    key order: what the report and the terminal tables show across models."""
+    across = across_models(cells)
+    agree = rank_agreement(across)
+    by_key = {key: g for key, g in agree.groupby(GROUP, sort=True)} if len(agree) else {}
+    empty = agree.iloc[0:0]
+    return [(key, g, by_key.get(key, empty)) for key, g in across.groupby(GROUP, sort=True)]
 
 
 def model_names(df: pd.DataFrame) -> dict[tuple[str, str], str]:

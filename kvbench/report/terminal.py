@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvbench.report.data import SETTING, frame, setting_title, usable
-from kvbench.report.tables import FULL, GROUP, across_models, model_names, rank_agreement, task_scores
+from kvbench.report.tables import FULL, across_groups, model_names, task_scores
 
 __all__ = ["RANDOM_WARNING", "as_frame", "missing_lines", "render_markdown", "render_rich", "summarize", "write_report"]
 
@@ -83,10 +83,10 @@ def group_title(key: tuple) -> str:
     return f"{engine} · {bench} · length {length} · seed {seed}"
 
 
-def common_tasks(across: pd.DataFrame) -> str:
-    """``"N common task(s)"`` of one GROUP of ``tables.across_models``."""
+def common_tasks(across: pd.DataFrame, word: str = "common task") -> str:
+    """``"N common task(s)"`` (``word`` pluralised) of one GROUP of ``tables.across_models``."""
     n = int(across.n_tasks.max())
-    return f"{n} common task" + ("" if n == 1 else "s")
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -110,7 +110,7 @@ def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
     shown = pd.DataFrame([[lab, *(text(cell.get((lab, m, p))) for m, p in cols)] for lab in labels],
                          columns=["method [allocation]", *(f"{names[m]} p={p}" for m, p in cols)])  # fmt: skip
-    note = (f"Mean over the {common_tasks(across).replace(' common', '')} every model has, %; (#k): the method's "
+    note = (f"Mean over the {common_tasks(across, 'task')} every model has, %; (#k): the method's "
             "rank among the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings "
             "are not ranked).")
     if not across.complete.all():
@@ -136,15 +136,12 @@ def agreement_shown(agree: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def _across_tables(df: pd.DataFrame) -> list[_Table]:
     """The across-models tables of every GROUP holding two or more models."""
-    across = across_models(df)
-    agree = rank_agreement(across)
     out = []
-    for key, g in across.groupby(GROUP, sort=True):
+    for key, g, a in across_groups(df):
         section = f"Across models — {group_title(key)}"
         shown, note = across_shown(g)
         title = f"mean over {common_tasks(g)}"
         out.append(_Table(section, title, list(shown.columns), shown.to_numpy().tolist(), note))
-        a = agree[(agree[GROUP].astype(str) == pd.Series(key, index=GROUP)).all(axis=1)] if len(agree) else agree
         if len(a):
             shown, note = agreement_shown(a)
             out.append(_Table(section, "rank agreement", list(shown.columns), shown.to_numpy().tolist(), note))
