@@ -60,32 +60,19 @@ from kvbench.errors import KvbenchError, ModelError, ProtocolError
 SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
 
 
-#: kvbench's import-only torchvision stand-in (``vllm_stubs/README.md``): vLLM's text-only Qwen3.5 module imports
-#: its vision sibling, which imports torchvision, absent from the vLLM environment
-STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_stubs")
-
-
-def use_torchvision_stub() -> bool:
-    """Put :data:`STUBS` on ``sys.path`` and ``PYTHONPATH`` (vLLM inspects model classes in a subprocess) unless a
-    real torchvision is importable; True when the stand-in is in use."""
-    import importlib.util
-    import sys
-
-    if STUBS in sys.path:
-        return True
-    if importlib.util.find_spec("torchvision") is not None:
-        return False
-    sys.path.append(STUBS)  # last: never shadows anything installed
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), STUBS) if p)
-    return True
-
-
 def _import_vllm():
-    use_torchvision_stub()
+    from kvbench.engines import vllm_plugin
+
     try:
         import vllm
     except ImportError as exc:
         raise KvbenchError(f"the vllm engine needs vLLM ({exc}); {SETUP_HINT}") from None
+    if not vllm_plugin.entry_point_installed():
+        # vLLM inspects model classes in a subprocess, which gets the torchvision stand-in only from the plugin
+        raise KvbenchError(
+            "kvbench's vLLM plugin is not installed in this environment (entry point vllm.general_plugins: "
+            f"kvbench); install kvbench into it with `pip install --no-deps -e .`, or {SETUP_HINT}"
+        )
     return vllm
 
 
@@ -196,7 +183,7 @@ class VllmEngine(EngineBase):
         vllm = _import_vllm()
         from kvbench.engines import vllm_plugin
 
-        vllm_plugin.register()  # also an entry point; registering here covers an uninstalled checkout
+        vllm_plugin.register()  # also its entry point, but vLLM may have loaded the plugins before the flag was set
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype="bfloat16",
