@@ -77,8 +77,9 @@ def test_stand_in_on_pythonpath_is_what_breaks_transformers():
 
 def test_stand_in_is_refused_when_transformers_rechecks(monkeypatch):
     """A transformers that re-checks importability on every call would take the stand-in for torchvision: refused."""
-    import kvbench.engines.vllm_plugin as P
     from transformers.utils import import_utils
+
+    import kvbench.engines.vllm_plugin as P
 
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != STUBS])
     monkeypatch.setattr(P.importlib.util, "find_spec", lambda name: None)  # no real torchvision anywhere

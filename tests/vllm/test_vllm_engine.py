@@ -287,3 +287,13 @@ def test_misuse_is_an_error(engine, parent):
     with pytest.raises(KvbenchError, match="outside"):
         parent.fork([[torch.tensor([0, N_CTX])] * parent.n_kv_heads] * parent.n_attn_layers)
     assert engine.free_blocks() == free
+
+
+def test_engine_refuses_to_start_without_the_plugin_entry_point(monkeypatch):
+    """vLLM's model-inspection subprocess gets the torchvision stand-in only from the installed plugin."""
+    from kvbench.engines import vllm_plugin
+    from kvbench.engines.vllm_engine import VllmEngine
+
+    monkeypatch.setattr(vllm_plugin, "entry_point_installed", lambda: False)
+    with pytest.raises(KvbenchError, match="pip install --no-deps -e ."):
+        VllmEngine("unused-path")
