@@ -55,9 +55,7 @@ def measure(engine: TorchEngine, n: int, repeats: int, new_tokens: int) -> dict:
             child = parent.fork(kept)
             fork_s += child.fork_seconds
             if p == 0.5:
-                answer = child.answer(
-                    question, max_new_tokens=new_tokens, context_sha256=parent.sha256, stop_ids=()
-                )
+                answer = child.answer(question, max_new_tokens=new_tokens, context_sha256=parent.sha256, stop_ids=())
             child.release()
         parent.release()
         if rep == 0:
@@ -101,12 +99,8 @@ def main() -> None:
             f"{m['kvzip'] / m['prefill']:>13.3f}  "
             + "  ".join(f"p={x.p}: {x.stored_over_needed:.4f} ({x.padded_over_needed:.4f})" for x in m["storage"])
         )
-    print(
-        "fork/prefill: nine forks (p = 0.9 .. 0.1) against one prefill. capture/prefill: (prefill - plain forward)"
-    )
-    print(
-        "/ prefill, the cost of recording signals, gates and queries. harness/total: (capture + forks) over one"
-    )
+    print("fork/prefill: nine forks (p = 0.9 .. 0.1) against one prefill. capture/prefill: (prefill - plain forward)")
+    print("/ prefill, the cost of recording signals, gates and queries. harness/total: (capture + forks) over one")
     print("context's protocol (prefill + nine forks + one answer per fork). kvzip/prefill: KVzip's scoring pass")
     print("over the prefill. global stored/needed: a KVzip global child's stored bytes over its kept entries' bytes")
     print("(padded/needed: the same for a layout padded to each layer's widest head), last repeat.")

@@ -46,9 +46,7 @@ def validate_p(p: float) -> float:
     try:
         value = float(p)
     except (TypeError, ValueError):
-        raise KvbenchError(
-            f"kept fraction p={p!r} is not a number; use a value in (0, 1], e.g. 0.1"
-        ) from None
+        raise KvbenchError(f"kept fraction p={p!r} is not a number; use a value in (0, 1], e.g. 0.1") from None
     if not (0.0 < value <= 1.0) or math.isnan(value):
         raise KvbenchError(f"kept fraction p={p} is outside (0, 1]; use e.g. --p 0.5 or --p all")
     return value
@@ -125,9 +123,7 @@ def flat(k: int, n_layers: int) -> list[int]:
     return [k] * n_layers
 
 
-def pyramid(
-    k: int, n_layers: int, capacity: int, beta: float = PYRAMID_BETA, floor: int = PYRAMID_MIN
-) -> list[int]:
+def pyramid(k: int, n_layers: int, capacity: int, beta: float = PYRAMID_BETA, floor: int = PYRAMID_MIN) -> list[int]:
     """PyramidKV: linearly decreasing budgets over the attention-layer ordinal ``f``.
 
     ``k_min = k / beta``, ``k_max = 2k - k_min``, ``k_f = k_max - f (k_max - k_min) / (L - 1)``; the

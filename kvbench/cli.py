@@ -407,7 +407,9 @@ def train_tiny(
         "qwen3_next", "--arch", help="qwen3_next (MoE, the shipped tiny-trained) | qwen3_5 (dense qwen3_5_text twin)."
     ),
     tokenizer_dir: Optional[Path] = typer.Option(
-        None, "--tokenizer", help="Start from this tokenizer directory instead of training one (e.g. "
+        None,
+        "--tokenizer",
+        help="Start from this tokenizer directory instead of training one (e.g. "
         "kvbench/builtin/tiny-trained, so a twin shares its tokenizer); a first stage only.",
     ),
 ) -> None:

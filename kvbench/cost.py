@@ -100,9 +100,7 @@ def measure_cost(
             parent.release()
         for method in instances:
             med = statistics.median
-            rows.append(
-                CostRow(method.name, n, med(prefill), med(scoring[method.name]), storage.get(method.name, ()))
-            )
+            rows.append(CostRow(method.name, n, med(prefill), med(scoring[method.name]), storage.get(method.name, ())))
     return rows
 
 

@@ -85,9 +85,7 @@ def tiny_qwen3_next_config(vocab_size: int = 384, moe: bool = False, **over):
     kw = _tiny_common(vocab_size)
     kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     if moe:
-        kw.update(
-            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64
-        )
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
     else:
         kw.update(num_experts=0)
     kw.update(over)
@@ -181,9 +179,7 @@ def materialize_builtin(name: str) -> Path:
     model = build_random(spec.config(), spec.seed)
     model.save_pretrained(tmp)
     byte_tokenizer().save_pretrained(tmp)
-    (tmp / "kvbench_builtin.json").write_text(
-        json.dumps({"name": name, "random_weights": spec.random_weights})
-    )
+    (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
     tmp.rename(path) if not path.exists() else None
     return path
 
@@ -252,9 +248,7 @@ class LoadedModel:
     context_length: int | None = None  # the length the model was trained for, when it says (kvbench_builtin.json)
 
 
-def load_model(
-    name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None
-) -> LoadedModel:
+def load_model(name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
     """Load a built-in model name, a local directory, or (online only) a hub id; None: ``DEFAULT_MODEL``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

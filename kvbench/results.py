@@ -105,9 +105,7 @@ def row_key(row: Mapping[str, Any]) -> tuple:
     try:
         values[_P] = round(float(row["p"]), 4)
     except (TypeError, ValueError):
-        raise ResultsError(
-            f"row field p={row['p']!r} is not a number (the kept fraction, e.g. 0.5)"
-        ) from None
+        raise ResultsError(f"row field p={row['p']!r} is not a number (the kept fraction, e.g. 0.5)") from None
     return tuple(values)
 
 

@@ -365,6 +365,7 @@ def method_artifacts(
                 "digest (a non-empty str), or None for a method without an artifact"
             )
         artifacts[method.label] = sha
+
     def short(d: str) -> str:
         return "none" if d == "None" else d[:12] + "…"
 

@@ -100,6 +100,7 @@ def _ruler_bench():
     bench.sampling = "per_item"
     return bench
 
+
 def _tokenizer_corpus(n_per_task: int = 4) -> list[str]:
     """Deterministic training text for the tokenizer: RULER contexts of every training task (seeds >=
     TRAIN_SEED_BASE, byte-tokenizer sizing at 2,048), the task templates and synthetic text."""
@@ -755,8 +756,15 @@ def train(
             tokens += ids.numel()
             rate = tokens / (time.perf_counter() - t0)
             log.append(
-                {"step": step + 1, "loss": round(loss.item(), 5), "lr": lr_now, "len": length,
-                 "gnorm": round(float(gnorm), 4), "tok_s": round(rate), "tasks": task_losses(tasks, row_ce)}
+                {
+                    "step": step + 1,
+                    "loss": round(loss.item(), 5),
+                    "lr": lr_now,
+                    "len": length,
+                    "gnorm": round(float(gnorm), 4),
+                    "tok_s": round(rate),
+                    "tasks": task_losses(tasks, row_ce),
+                }
             )
             ema = _ema_task_loss(log, "niah_single_1")
             info = f"len {length} loss {loss.item():.4f} niah_single_1 {ema:.3f} {rate:,.0f} tok/s"

@@ -150,9 +150,7 @@ class EvictionMethod(ABC):
         """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
         return parent.gate_means()
 
-    def select(
-        self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str
-    ) -> budgets.Kept:
+    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
         """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
         n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
         k = budgets.per_head_budget(n, prot, p)
@@ -203,9 +201,7 @@ def register_method(cls: type[EvictionMethod]) -> type[EvictionMethod]:
         raise ValueError(f"{cls.__name__}: a query-aware method subclasses QueryAwareMethod (query_aware = True)")
     unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
     if unknown or cls.default_allocation not in cls.allocations:
-        raise ValueError(
-            f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}"
-        )
+        raise ValueError(f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}")
     _METHODS[cls.name] = cls
     return cls
 

@@ -139,7 +139,6 @@ _SUBTASKS = {
 }
 
 
-
 class SCBenchDataError(KvbenchError):
     """An SCBench row does not have the fields and types of its task."""
 

@@ -143,8 +143,7 @@ def test_second_question_equals_question_alone(engine):
 def _random_kept(parent, counts, seed):
     g = torch.Generator().manual_seed(seed)
     return [
-        [torch.sort(torch.randperm(parent.n, generator=g)[:c]).values for _ in range(parent.n_kv_heads)]
-        for c in counts
+        [torch.sort(torch.randperm(parent.n, generator=g)[:c]).values for _ in range(parent.n_kv_heads)] for c in counts
     ]
 
 

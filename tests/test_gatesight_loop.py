@@ -160,7 +160,13 @@ def test_trained_estimator_beats_random_on_held_out_corpora(tmp_path, cache):
     torch.manual_seed(0)
     summary = run(
         RunConfig(
-            methods=["gatesight"], bench="needle", ps=[0.5], out=tmp_path / "run", limit=1, length=900, threads=1,
+            methods=["gatesight"],
+            bench="needle",
+            ps=[0.5],
+            out=tmp_path / "run",
+            limit=1,
+            length=900,
+            threads=1,
             model="tiny-random",
         )
     )

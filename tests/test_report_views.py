@@ -17,8 +17,17 @@ from kvbench.report import render as R
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING
 
-BASE = {"model": "m", "engine": "torch", "bench": "b", "seed": 42, "length": 1024, "real_fork": True,
-        "context_sha256": "c0", "model_fingerprint": "f0", "artifact_sha256": None}
+BASE = {
+    "model": "m",
+    "engine": "torch",
+    "bench": "b",
+    "seed": 42,
+    "length": 1024,
+    "real_fork": True,
+    "context_sha256": "c0",
+    "model_fingerprint": "f0",
+    "artifact_sha256": None,
+}
 
 
 def row(method, task, item, q, p, score, alloc="flat", **kw) -> dict:
@@ -128,8 +137,16 @@ def test_main_table_marks_the_best_ranked_method_only():
 
 
 def test_allocation_ablation_differences_to_the_default():
-    avg = _avg({("gatesight", "gate", 0.5): 60, ("gatesight", "flat", 0.5): 55, ("gatesight", "pyramid", 0.5): 42,
-                ("gatesight", "gate", 0.1): 30, ("gatesight", "flat", 0.1): 33, ("snapkv", "flat", 0.5): 50})
+    avg = _avg(
+        {
+            ("gatesight", "gate", 0.5): 60,
+            ("gatesight", "flat", 0.5): 55,
+            ("gatesight", "pyramid", 0.5): 42,
+            ("gatesight", "gate", 0.1): 30,
+            ("gatesight", "flat", 0.1): 33,
+            ("snapkv", "flat", 0.5): 50,
+        }
+    )
     ab = T.allocation_ablation(avg).set_index(["allocation", "p"])
     assert set(ab.index.get_level_values(0)) == {"gate", "flat", "pyramid"}  # snapkv ran one allocation only
     assert (ab.default == "gate").all()  # GateSight's own default allocation
@@ -147,8 +164,12 @@ def test_ablation_takes_the_recorded_default_and_never_a_stand_in():
     avg = T.averaged(T.task_scores(use))
     ab = T.allocation_ablation(avg, T.recorded_defaults(use)).set_index("allocation")
     assert (ab.default == "pyramid").all() and ab.delta["flat"] == 10 and ab.delta["pyramid"] == 0
-    older = T.allocation_ablation(avg, T.recorded_defaults(D.usable(D.frame([
-        {k: v for k, v in r.items() if k != "default_allocation"} for r in rows])))).set_index("allocation")
+    older = T.allocation_ablation(
+        avg,
+        T.recorded_defaults(
+            D.usable(D.frame([{k: v for k, v in r.items() if k != "default_allocation"} for r in rows]))
+        ),
+    ).set_index("allocation")
     assert (older.default == "").all() and older.delta.isna().all()  # not "flat" because it sorts first
     report = R.build(D.frame([{k: v for k, v in r.items() if k != "default_allocation"} for r in rows]), {}, [], [],
                      R.Options(n_resamples=20, figures=False))  # fmt: skip
@@ -218,8 +239,13 @@ def test_kvzip_table_deltas_and_timing():
 
 
 def test_cost_table_from_cost_json():
-    cost = {"meta": {}, "rows": [{"method": "snapkv", "length": 16384, "prefill_s": 2.0, "score_s": 0.5},
-                                 {"method": "snapkv", "length": 4096, "prefill_s": 1.0, "score_s": 0.1}]}
+    cost = {
+        "meta": {},
+        "rows": [
+            {"method": "snapkv", "length": 16384, "prefill_s": 2.0, "score_s": 0.5},
+            {"method": "snapkv", "length": 4096, "prefill_s": 1.0, "score_s": 0.1},
+        ],
+    }
     t = T.cost_table(cost)
     assert t.length.tolist() == [4096, 16384] and t.ratio.tolist() == [0.1, 0.25]
 
@@ -232,7 +258,7 @@ def test_load_merges_shards_skips_a_torn_last_line_and_never_writes(tmp_path):
     (a / "results.shard-1-of-2.jsonl").write_text(json.dumps(r1) + "\n" + json.dumps(r2)[:20])
     (b / "results.jsonl").write_text(json.dumps(r0) + "\n" + json.dumps(r2) + "\n")
     (b / "missing.json").write_text(json.dumps({"b/absent": "absent.json not found"}))
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*")  if p.is_file()}
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     df, missing, notes = D.load([a, b])
     assert sorted(df["item"].astype(str)) == ["0", "1", "2"]  # r0 twice -> once
     assert missing == {"b/absent": "absent.json not found"}
@@ -299,7 +325,9 @@ def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
     d.mkdir()
     (d / "results.shard-0-of-2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [rows[0], legacy, rows[1]]))
     (d / "results.shard-1-of-2.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], rows[3]]) + "\n".join(odd) + "\n"
+        "".join(json.dumps(r) + "\n" for r in [rows[1], rows[2], rows[3]])
+        + "\n".join(odd)
+        + "\n"
         + json.dumps(make_row(5))[:-3]
     )
     df, missing, notes = load(d)

@@ -170,9 +170,7 @@ def test_corrupt_middle_line_raises_and_file_untouched(tmp_path):
 
 def test_duplicate_keys_in_file_keep_first(tmp_path):
     path = tmp_path / "results.jsonl"
-    text = "".join(
-        json.dumps(r) + "\n" for r in [make_row(0, score=1.0), make_row(1), make_row(0, score=2.0)]
-    )
+    text = "".join(json.dumps(r) + "\n" for r in [make_row(0, score=1.0), make_row(1), make_row(0, score=2.0)])
     path.write_text(text, encoding="utf-8")
     with ResultsStore(tmp_path) as store:
         assert [(r["item"], r["score"]) for r in store.rows()] == [(0, 1.0), (1, 100.0)]

@@ -82,9 +82,7 @@ class HybridAdapter:
         for mod_name in self.kernel_modules:
             missing = [k for k in GDN_KERNELS if not hasattr(sys.modules[mod_name], k)]
             if missing:
-                raise ModelError(
-                    f"{mod_name} has no {missing}; the GDN signal capture needs transformers 5.24"
-                )
+                raise ModelError(f"{mod_name} has no {missing}; the GDN signal capture needs transformers 5.24")
 
     @property
     def attn_layer_ids(self) -> list[int]:
@@ -130,9 +128,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         for module in self.adapter.gdn:
             f = self._gdn_ordinal[module.layer_idx]
-            self._handles.append(
-                module.register_forward_pre_hook(lambda mod, args, f=f: setattr(self, "_current", f))
-            )
+            self._handles.append(module.register_forward_pre_hook(lambda mod, args, f=f: setattr(self, "_current", f)))
         for f, module in enumerate(self.adapter.attn):
             hd = module.head_dim
 
@@ -153,9 +149,7 @@ class Recorder:
 
     def record_queries(self, f: int, query: torch.Tensor) -> None:
         """Called by the attention function with ``query[1, H, T, D]`` (post q_norm and RoPE)."""
-        self.queries[f] = (
-            query.detach()[0, :, -self.query_window :].clone() if self.query_window > 0 else None
-        )
+        self.queries[f] = query.detach()[0, :, -self.query_window :].clone() if self.query_window > 0 else None
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:

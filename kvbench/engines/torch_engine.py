@@ -243,9 +243,7 @@ class TorchEngine(EngineBase):
             )
         seconds = time.perf_counter() - start
         rec.check(n)
-        parent = TorchParent(
-            self, self._new_id(), token_ids, prot, out.cache, rec.result(), query_window, seconds
-        )
+        parent = TorchParent(self, self._new_id(), token_ids, prot, out.cache, rec.result(), query_window, seconds)
         self._sessions[parent.session_id] = parent
         return parent
 
@@ -372,9 +370,7 @@ class _QuerySink:
 class TorchParent(ParentSession):
     """Unpruned parent: full attention K/V, GDN end-of-context snapshot, signals and gate statistics."""
 
-    def __init__(
-        self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds
-    ):
+    def __init__(self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds):
         super().__init__(session_id)
         self.engine = engine
         self.cache = cache
@@ -402,9 +398,7 @@ class TorchParent(ParentSession):
     def _full_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(self.cache.layers[i].keys, self.cache.layers[i].values) for i in self.attn_layer_ids]
 
-    def answer(
-        self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
-    ) -> Answer:
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
         self._check_live()
         check_context_sha(self.sha256, context_sha256)
         return self.engine._answer(self, self._full_kv(), question_ids, max_new_tokens, stop_ids, return_logits)
@@ -480,9 +474,7 @@ class TorchChild(ChildSession):
         super().__init__(session_id, parent, stats, fork_seconds)
         self.layers = layers
 
-    def answer(
-        self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False
-    ) -> Answer:
+    def answer(self, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits=False) -> Answer:
         self._check_answerable(context_sha256)
         return self.parent.engine._answer(
             self.parent, self.layers, question_ids, max_new_tokens, stop_ids, return_logits

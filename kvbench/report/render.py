@@ -197,8 +197,10 @@ def _ablation(ab: pd.DataFrame, slug: str, title: str) -> Table:
             "and total budget; * averages fewer tasks than the setting has.")  # fmt: skip
     unknown = sorted(set(ab.loc[ab.default == "", "method"]))
     if unknown:
-        note += (f" No difference for {', '.join(unknown)}: its default allocation was not run, or is unknown here "
-                 "(rows of an older kvbench, method not installed).")
+        note += (
+            f" No difference for {', '.join(unknown)}: its default allocation was not run, or is unknown here "
+            "(rows of an older kvbench, method not installed)."
+        )
     return Table(f"ablation-{slug}", f"Allocation ablation — {title}", ab, shown, note, kind="ablation")
 
 
@@ -318,8 +320,11 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         sections.append(Section(f"Across models — {group_title(key)}", _across(g, a, key)))
     if opt.cost:
         cost = T.cost_table(opt.cost)
-        shown = cost.assign(prefill_s=cost.prefill_s.map(lambda v: _fmt(v, 3)),
-                            score_s=cost.score_s.map(lambda v: _fmt(v, 4)), ratio=cost.ratio.map(lambda v: _fmt(v, 4)))
+        shown = cost.assign(
+            prefill_s=cost.prefill_s.map(lambda v: _fmt(v, 3)),
+            score_s=cost.score_s.map(lambda v: _fmt(v, 4)),
+            ratio=cost.ratio.map(lambda v: _fmt(v, 4)),
+        )
         meta = opt.cost.get("meta", {})
         note = f"`kvbench cost` on {meta.get('model', '?')}: median seconds of {meta.get('repeats', '?')} runs."
         sections.append(Section("Scoring cost", [Table("cost", "Scoring cost by context length", cost,

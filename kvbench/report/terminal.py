@@ -65,9 +65,7 @@ def _tables(rows: Rows, across: bool = True) -> list[_Table]:
         section = setting_title(key)
         for task, t in g.groupby("task", sort=True):
             score = t.set_index(["label", "p"]).score
-            cells = [
-                [lab, *(f"{score[lab, p]:.1f}" if (lab, p) in score else "" for p in ps)] for lab in labels
-            ]
+            cells = [[lab, *(f"{score[lab, p]:.1f}" if (lab, p) in score else "" for p in ps)] for lab in labels]
             tables.append(_Table(section, str(task), columns, cells))
         mean = g.groupby(["label", "p"]).score.agg(["mean", "count"])
         cells = [[lab, *(_mean_cell(mean, lab, p, len(tasks)) for p in ps)] for lab in labels]
@@ -110,9 +108,11 @@ def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
     shown = pd.DataFrame([[lab, *(text(cell.get((lab, m, p))) for m, p in cols)] for lab in labels],
                          columns=["method [allocation]", *(f"{names[m]} p={p}" for m, p in cols)])  # fmt: skip
-    note = (f"Mean over the {common_tasks(across, 'task')} every model has, %; (#k): the method's "
-            "rank among the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings "
-            "are not ranked).")
+    note = (
+        f"Mean over the {common_tasks(across, 'task')} every model has, %; (#k): the method's "
+        "rank among the query-agnostic methods at that model and p (1 = best; `full` and query-aware ceilings "
+        "are not ranked)."
+    )
     if not across.complete.all():
         note += " *: the method lacks some of those tasks there (not ranked)."
     return shown, note
@@ -129,8 +129,10 @@ def agreement_shown(agree: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         return f"n/a (n={r.n})" if math.isnan(r.tau) else f"{r.tau:+.2f} (n={r.n})"
 
     rows = [[f"p={p}", *(text(by.get((p, a, b))) for a, b in pairs)] for p in sorted(agree.p.unique(), reverse=True)]
-    note = ("Kendall's tau-b between two models' scores of the methods both rank (1: the same order, 0: unrelated, "
-            "-1: reversed); n: methods compared.")
+    note = (
+        "Kendall's tau-b between two models' scores of the methods both rank (1: the same order, 0: unrelated, "
+        "-1: reversed); n: methods compared."
+    )
     return pd.DataFrame(rows, columns=["p", *(f"{a} vs {b}" for a, b in pairs)]), note
 
 
@@ -210,9 +212,7 @@ def render_rich(rows: Rows) -> list[Table]:
     out = []
     for t in tables:
         caption = [t.note, warning, counts_line(df) if t is tables[-1] else ""]
-        table = Table(
-            title=escape(f"{t.section} — {t.title}"), caption=escape("\n".join(filter(None, caption)))
-        )
+        table = Table(title=escape(f"{t.section} — {t.title}"), caption=escape("\n".join(filter(None, caption))))
         table.add_column(escape(t.columns[0]))
         for c in t.columns[1:]:
             table.add_column(c, justify="right")

@@ -350,8 +350,9 @@ def evaluate_labels(
             per_corpus[c] = _mean([_mean([layers[f] for layers in docs_c]) for f in range(L)])
         predictors[name] = {"layer_mean": _mean(per_layer), "per_layer": per_layer, "per_corpus": per_corpus}
     cfg = {**asdict(config), "median_half_life": median_hl.tolist(), "slow_heads": slow.tolist()}
-    return EvalResult(predictors, groups, split, len(labels.docs), labels.corpora, list(man["attn_layer_ids"]), notes,
-                      cfg)
+    return EvalResult(
+        predictors, groups, split, len(labels.docs), labels.corpora, list(man["attn_layer_ids"]), notes, cfg
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -367,8 +368,10 @@ def _fmt(metric: str, value: float) -> str:
 
 def _best(result: EvalResult) -> dict[str, float]:
     return {
-        m: max((p["layer_mean"][m] for p in result.predictors.values() if p["layer_mean"][m] == p["layer_mean"][m]),
-               default=float("nan"))
+        m: max(
+            (p["layer_mean"][m] for p in result.predictors.values() if p["layer_mean"][m] == p["layer_mean"][m]),
+            default=float("nan"),
+        )
         for m in METRICS
     }
 

@@ -57,9 +57,7 @@ def feature_dims(windows: Sequence[Sequence[int]], n_value_heads: int) -> list[i
 
 def feature_names(window: Sequence[int], gdn_layer_ids: Sequence[int], n_value_heads: int) -> list[str]:
     """Human-readable names of one layer's inputs, in feature order."""
-    names = [
-        f"gdn{gdn_layer_ids[o]}.h{m}.{s}" for o in window for m in range(n_value_heads) for s in SIGNAL_NAMES
-    ]
+    names = [f"gdn{gdn_layer_ids[o]}.h{m}.{s}" for o in window for m in range(n_value_heads) for s in SIGNAL_NAMES]
     return names + [f"age:{a}" for a in AGE_NAMES]
 
 
@@ -68,9 +66,7 @@ def age_features(n: int, positions: torch.Tensor | None = None, *, device=None) 
     if positions is None:
         positions = torch.arange(n, device=device)
     i = positions.to(torch.float64) + 1.0
-    return torch.stack(
-        [i / n, (n - i) / n, torch.log1p(n - i) / math.log1p(n)], dim=-1
-    ).float()
+    return torch.stack([i / n, (n - i) / n, torch.log1p(n - i) / math.log1p(n)], dim=-1).float()
 
 
 def layer_features(

@@ -192,8 +192,13 @@ def train_estimator(
     steps_per_epoch = math.ceil(N / config.batch_size)
     bce = torch.nn.BCEWithLogitsLoss(reduction="none")
     history = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("loss {task.fields[loss]:.4f}"))
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+    )
     est.train()
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
         task = bar.add_task(description, total=config.epochs * steps_per_epoch, loss=float("nan"))

@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 
-
 class LabelCheckError(KvbenchError):
     """One of the per-document label checks (Appendix B) failed."""
 
@@ -392,8 +391,9 @@ def label_document(
                 delta = delta_r_closed_form(a, o, v, w_heads[f], n)  # [H_kv, T, n]
                 utility[f] = torch.maximum(utility[f], utility_from_delta(delta))
                 if config.check:
-                    _run_checks(checks, f, mod, q, k, v, a, o, delta, w_heads[f], n, prot, capture, config,
-                                output_tol, gen)
+                    _run_checks(
+                        checks, f, mod, q, k, v, a, o, delta, w_heads[f], n, prot, capture, config, output_tol, gen
+                    )
         finally:
             parent.release()
     return DocumentLabel(
