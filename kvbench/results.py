@@ -56,6 +56,8 @@ __all__ = [
     "results_files",
     "results_name",
     "row_key",
+    "Upgrade",
+    "upgrade_results",
 ]
 
 #: Fields of a row's identity before kvbench recorded the settings that change an answer.
@@ -206,7 +208,8 @@ def _legacy_error(path: Path, n: int) -> ResultsError:
     return ResultsError(
         f"{path} holds {n} rows of an older kvbench whose identity lacks some of {', '.join(_NEW_KEY)}, so they "
         "could stand for the wrong settings (another prompt length, seed, context, weights or calibration "
-        "artifact): run into a new --out directory (or move that file away)"
+        "artifact): run into a new --out directory, or `kvbench results upgrade DIR` to keep the rows that can be "
+        "upgraded"
     )
 
 
@@ -219,12 +222,14 @@ def _write_error(path: Path, e: OSError, saved: int) -> ResultsError:
     )
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` through a unique temporary file in the same directory."""
+def _atomic_write(path: Path, text: str | bytes) -> None:
+    """Replace ``path`` by ``text`` (str: UTF-8) through a unique temporary file in the same directory."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(text, str):
+                text = text.encode("utf-8")
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -573,7 +578,8 @@ class FileStats:
         if self.legacy:
             out.append(
                 f"left out {self.legacy} rows of {path} written by an older kvbench: their identity lacks "
-                f"some of {', '.join(_NEW_KEY)}; rerun into a new --out to include them"
+                f"some of {', '.join(_NEW_KEY)}; `kvbench results upgrade {path.parent}` keeps those that can be "
+                "upgraded, rerun into a new --out for the rest"
             )
         return out
 
@@ -646,3 +652,114 @@ def _corrupt(path: Path, fh, start: int, number: int) -> ResultsError:
         f"{path}: line {before + number} is not a valid result row; fix or delete that line by hand "
         "(reading changes nothing)"
     )
+
+
+@dataclass
+class Upgrade:
+    """What :func:`upgrade_results` did (or, with ``dry_run``, would do) to one results file."""
+
+    path: Path
+    current: int = 0  #: rows already carrying today's identity, kept byte for byte
+    upgraded: int = 0  #: legacy rows that lacked only ``artifact_sha256`` and were given ``null``
+    left_out: dict[str, int] = field(default_factory=dict)  #: reason -> rows removed from the file
+    backup: Path | None = None  #: the file's original bytes (None when nothing changed or ``dry_run``)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.upgraded or self.left_out)
+
+
+def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool], taken: set[tuple]) -> tuple:
+    """``(Upgrade, new file bytes)`` for one results file's bytes. ``taken``: the keys of the directory's current
+    rows and of the rows upgraded so far (updated). ``data`` has passed :func:`_scan`, so only its last line can fail
+    to be a row: it is left out."""
+    report, out = Upgrade(path), []
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    if tail:
+        lines.append(tail)  # a last line without its newline: parsed like the others
+    for line in lines:
+        try:
+            row = loads_row(line)
+        except ValueError:  # msgspec's and json's decode errors, bad UTF-8
+            row = None
+        if not isinstance(row, dict) or not all(k in row for k in LEGACY_KEY):  # only the last (_scan checked)
+            reason = "an incomplete last line (a run stopped mid-write)"
+            report.left_out[reason] = report.left_out.get(reason, 0) + 1
+            break
+        missing = [k for k in _NEW_KEY if k not in row]
+        reason = None
+        if missing == ["artifact_sha256"] and artifact_free(str(row["method"])):
+            row = {**row, "artifact_sha256": None}
+        elif missing == ["artifact_sha256"]:
+            reason = f"method {row['method']} reads (or may read) a calibration artifact, which the row does not name"
+        elif missing:
+            reason = f"the row lacks {', '.join(missing)}"
+        if not missing:  # today's row: kept byte for byte
+            report.current += 1
+            out.append(line + b"\n")
+            continue
+        if reason is None:
+            key = row_key(row)
+            if key in taken:
+                reason = "a duplicate of a row already in the directory"
+            else:
+                taken.add(key)
+                report.upgraded += 1
+                out.append(json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n")
+                continue
+        report.left_out[reason] = report.left_out.get(reason, 0) + 1
+    return report, b"".join(out)
+
+
+def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *, dry_run: bool = False) -> list:
+    """Bring a results directory written by an older kvbench up to today's row identity, so runs resume into it
+    and reports include its rows. Returns one :class:`Upgrade` per results file.
+
+    A legacy row that lacks only ``artifact_sha256`` and whose method ``artifact_free(name)`` declares no
+    calibration artifact gets ``"artifact_sha256": null`` (exactly what today's code records for it). Every other
+    legacy row (a method with an artifact, or one that cannot be looked up: the row cannot say which file it was
+    scored with; or an older row lacking more of the key), a duplicate and an incomplete last line are removed
+    from the file. Nothing is lost: each changed file's original bytes are first saved, fsynced, beside it as
+    ``<file>.pre-upgrade-<ns>`` (a name readers and writers ignore), then the file is replaced atomically. Every
+    results file is locked like a writer's for the whole upgrade, so a running ``kvbench run`` makes it refuse
+    (``dry_run`` takes no lock and writes nothing). A corrupt line anywhere but last refuses the whole directory.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise ResultsError(f"{out_dir} is not a results directory (give the --out of a kvbench run)")
+    paths = [p for p in sorted(out_dir.glob(RESULTS_GLOB)) if _RESULTS_NAME.fullmatch(p.name) and p.is_file()]
+    if not paths:
+        raise ResultsError(f"{out_dir} has no results files ({RESULTS_GLOB}); give the --out of a kvbench run")
+    locks: list[_Lock] = []
+    try:
+        for p in [] if dry_run else paths:  # a dry run only reads, like a report
+            lock_path = p.with_name(p.name + ".lock")
+            try:
+                locks.append(_Lock(lock_path, wait=False))
+            except BlockingIOError:
+                raise ResultsError(
+                    f"{p} is being written by {_Lock.holder(lock_path)}: let that run finish, then upgrade"
+                ) from None
+        data = {p: _read_bytes(p) for p in paths}
+        taken = {row_key(r) for p in paths for r in _scan(data[p], p).rows}  # an upgraded row never displaces one
+        reports = [_upgrade_lines(data[p], p, artifact_free, taken) for p in paths]
+        if dry_run:
+            return [r for r, _ in reports]
+        for report, text in reports:
+            if not report.changed:
+                continue
+            backup = report.path.with_name(f"{report.path.name}.pre-upgrade-{time.time_ns()}")
+            try:
+                with open(backup, "xb") as f:
+                    f.write(data[report.path])
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise _write_error(backup, e, 0) from None
+            _atomic_write(report.path, text)
+            report.backup = backup
+        return [r for r, _ in reports]
+    finally:
+        for lock in locks:
+            lock.release()

@@ -236,6 +236,16 @@ def method_class(name: str) -> type[EvictionMethod]:
     return _METHODS[name]
 
 
+def declares_no_artifact(name: str) -> bool:
+    """Whether the method registered under ``name`` reads no offline artifact (it keeps the base class's
+    :meth:`EvictionMethod.artifact_sha256`, which returns None); False for a name not registered here."""
+    try:
+        cls = method_class(name)
+    except KvbenchError:
+        return False
+    return cls.artifact_sha256 is EvictionMethod.artifact_sha256
+
+
 def get_method(name: str, seed: int = 0, options: Mapping[str, str] | None = None) -> EvictionMethod:
     """Instantiate the method registered under ``name``, with ``options`` (option -> text) set."""
     method = method_class(name)(seed=seed)
