@@ -237,10 +237,11 @@ def method_class(name: str) -> type[EvictionMethod]:
 
 
 def declares_no_artifact(name: str) -> bool:
-    """Whether the method registered under ``name`` reads no offline artifact (it keeps the base class's
-    :meth:`EvictionMethod.artifact_sha256`, which returns None); False for a name not registered here."""
+    """Whether the method registered under ``name`` (or a row's ``name[OPTION=VALUE,…]`` label) reads no offline
+    artifact (it keeps the base class's :meth:`EvictionMethod.artifact_sha256`, which returns None); False for a
+    name not registered here."""
     try:
-        cls = method_class(name)
+        cls = method_class(name.split("[", 1)[0])
     except KvbenchError:
         return False
     return cls.artifact_sha256 is EvictionMethod.artifact_sha256

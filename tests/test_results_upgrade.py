@@ -51,6 +51,9 @@ def test_declares_no_artifact_agrees_with_every_method_instance():
     assert not declares_no_artifact("gatesight") and not declares_no_artifact("triattention")
     assert all(declares_no_artifact(n) for n in ("full", "random", "snapkv", "keydiff", "kvzip", "oracle"))
     assert not declares_no_artifact("not-installed-here")
+    tri = get_method("triattention", options={"mlr": "false"})  # rows record the label, options included
+    assert tri.label == "triattention[mlr=false]" and not declares_no_artifact(tri.label)
+    assert declares_no_artifact("snapkv[window=16]")  # a label of an artifact-free class
 
 
 def test_upgrade_keeps_what_is_certain_and_saves_the_original(old_dir):
