@@ -346,3 +346,12 @@ def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
     assert list(df["item"].astype(str)) == ["0", "1", "7", "3", "11", "12"] and df.question.iloc[2] == "3"
     assert list(df["sub"].astype(str)) == ["kv", "", "", "", "", ""] and df.score_revised.iloc[0] == 0.0
     assert df.score_official.iloc[2] == 50.0 and df.p.iloc[1] == 0.3
+
+
+def test_ceiling_note_explains_a_negative_gap_only_when_there_is_one():
+    """The oracle targets the full-cache answer: a method can beat it (a pruned cache that fixed an answer)."""
+    below = T.ceiling_gap(_avg({("a", "flat", 0.5): 60, ("oracle", "gate", 0.5): 70}))
+    above = T.ceiling_gap(_avg({("a", "flat", 0.5): 60, ("b", "flat", 0.5): 75, ("oracle", "gate", 0.5): 70}))
+    assert below.gap.tolist() == [10] and sorted(above.gap.tolist()) == [-5, 10]
+    assert R._ceiling_note(below) == "Ceiling minus method, points (mean over tasks)."
+    assert "A negative gap: the method scored above the ceiling" in R._ceiling_note(above)
