@@ -815,6 +815,29 @@ def training_stages(args: dict) -> list[dict]:
     return stages[::-1]
 
 
+def stage_compute_seconds(args: dict, log: list[dict]) -> list[float]:
+    """Training compute per stage (seconds, first stage first), from the log alone: each step's row tokens
+    (the stage's ``batch_size`` x the step's padded row length ``len``) over the throughput logged at that step
+    (``tok_s``: tokens per second since the run (re)started, so a resumed stage is counted once, not its wait).
+    On a machine shared with other work the throughput, and so this, is what that machine gave."""
+    stages = training_stages(args)
+    seconds = [0.0] * len(stages)
+    for entry in log:
+        i = entry.get("stage", 1) - 1
+        seconds[i] += stages[i]["batch_size"] * entry["len"] / entry["tok_s"]
+    return seconds
+
+
+def compute_sentence(args: dict, log: list[dict]) -> str:
+    """The model card's training-time sentence, from :func:`stage_compute_seconds`."""
+    per_stage = stage_compute_seconds(args, log)
+    minutes = ", ".join(f"{s / 60:.0f}" for s in per_stage)
+    return (
+        "Training time, by the log (each step's row tokens over the throughput logged at it; waits between "
+        f"resumed runs excluded): {sum(per_stage) / 3600:.1f} hours (minutes per stage: {minutes})."
+    )
+
+
 #: Position limit written into the shipped config: RoPE is defined at any position, and a large limit lets
 #: the cost benchmarks (``kvbench cost``, ``benchmarks/protocol_cost.py``) time 16K-64K contexts on the
 #: default model; accuracy beyond the trained context length is not claimed (the model card says so).
@@ -903,7 +926,7 @@ needle's question and answer, "lookup" rows the same with each question's needle
 "repeat" rows are a synthetic text segment written twice (loss on the answers / the second copy, and
 {args["lm_weight"]} on every other token). The model never saw essay text (the Paul Graham haystack of
 niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery) or the qa tasks.
-Mean loss over the last 50 steps: {final_loss:.4f}.
+Mean loss over the last 50 steps: {final_loss:.4f}. {compute_sentence(args, log)}
 
 **Context length.** {ctx_len} tokens, the longest trained row. `kvbench run` uses it as the default
 `--length` for this model. The config allows {SHIPPED_MAX_POSITIONS:,} positions so that cost benchmarks can time long

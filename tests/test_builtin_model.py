@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvbench import artifacts, models
+from kvbench import train_tiny as T
 from kvbench.methods import list_methods
 
 SHIPPED = models.BUILTIN_MODELS["tiny-trained"].shipped
@@ -58,7 +59,9 @@ def test_shipped_model_layout_size_and_card(name):
     assert cfg.tie_word_embeddings is False
     size = sum(f.stat().st_size for f in shipped.rglob("*") if f.is_file())
     assert size <= 20 * 2**20, f"the shipped model takes {size / 2**20:.1f} MiB (budget 20)"
-    assert (shipped / "MODEL_CARD.md").is_file()
+    card = (shipped / "MODEL_CARD.md").read_text()
+    args, log = (json.loads((shipped / f).read_text()) for f in ("training_args.json", "training_log.json"))
+    assert T.compute_sentence(args, log) in card  # the card states the training time its own log gives
     # the tokenizer: digits are single tokens, ChatML template
     ids = lm.tokenizer(" 1234567", add_special_tokens=False)["input_ids"]
     assert len(ids) >= 7

@@ -406,3 +406,15 @@ def test_echo_rows_repeat_the_needle_wording():
         assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "".join(f" {v}." for v in refs)
         repeated |= len(set(asked)) < len(asked)
     assert repeated
+
+
+def test_stage_compute_seconds_from_the_log():
+    """Hand-worked: stage 1 has 8 rows of 128 tokens at 1,024 tok/s (1 s a step), stage 2 4 rows of 1,024 at
+    2,048 tok/s (2 s a step); a log entry without ``stage`` belongs to stage 1 (a first stage's own log)."""
+    args = {"batch_size": 4, "steps": 2, "previous": {"batch_size": 8, "steps": 3}}
+    log = [{"len": 128, "tok_s": 1024}] * 2 + [{"stage": 1, "len": 128, "tok_s": 1024}]
+    log += [{"stage": 2, "len": 1024, "tok_s": 2048}] * 2
+    assert T.stage_compute_seconds(args, log) == [3.0, 4.0]
+    sentence = T.compute_sentence(args, log)
+    assert "0.0 hours (minutes per stage: 0, 0)" in sentence
+    assert T.compute_sentence(args, log * 900).endswith("1.8 hours (minutes per stage: 45, 60).")
