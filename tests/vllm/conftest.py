@@ -3,7 +3,10 @@ fresh machine (a cached inspection from an earlier run hid a failure of that sub
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="kvbench-vllm-cache-")
+atexit.register(shutil.rmtree, os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)
