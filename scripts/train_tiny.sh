@@ -28,8 +28,18 @@ train --out "$OUT/stage2" --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1
 # a copying head answers) and "lookup" rows (RULER's wording, needles drawn with replacement).
 train --out "$OUT/stage3" --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
   --curriculum 256@0 --save-every 100 --mix echo=0.5,lookup=0.5 --eval-limit 0
+BEFORE4="$OUT/stage3/final"
+if [ "$ARCH" = qwen3_5 ]; then
+  # Stage 3b, the dense twin only: variable tracking on short rows, as stage 3 did for key matching. Measured:
+  # after stage 2 the MoE model's supervised loss on chains / vt rows had fallen to 1.3 / 1.2, the dense
+  # twin's was still 3.6 / 3.5 (where both started stage 2), so the twin had not learned to follow a chain.
+  # 400 steps at 256 tokens of chains rows, with echo and lookup rows to keep stage 3's key matching.
+  train --out "$OUT/stage3b" --init "$OUT/stage3/final" --seed 15 --steps 400 --lr 2e-3 \
+    --curriculum 256@0 --save-every 100 --mix chains=0.6,echo=0.2,lookup=0.2 --eval-limit 0
+  BEFORE4="$OUT/stage3b/final"
+fi
 # Stage 4: back to every task, 512 then 1,024 tokens, keeping lookup and echo rows in the mix.
-train --out "$OUT/stage4" --init "$OUT/stage3/final" --seed 12 --steps 300 --lr 1.5e-3 \
+train --out "$OUT/stage4" --init "$BEFORE4" --seed 12 --steps 300 --lr 1.5e-3 \
   --curriculum 512@0,1024@0.4 --save-every 50 \
   --mix echo=0.1,lookup=0.25,niah_multikey_2=0.15,niah_multikey_3=0.05,vt=0.15,chains=0.1,fwe=0.12,niah_single_1=0.05,repeat=0.03 \
   --eval-limit 0
