@@ -679,29 +679,23 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
     if tail:
         lines.append(tail)  # a last line without its newline: parsed like the others
     for line in lines:
-        try:
-            row = loads_row(line)
-        except ValueError:  # msgspec's and json's decode errors, bad UTF-8
-            row = None
-        if not isinstance(row, dict) or not all(k in row for k in LEGACY_KEY):  # only the last (_scan checked)
+        parsed = _parse_keyed(line)  # the readers' and writers' own classification
+        if parsed is None:  # only the last line can be one (_scan checked)
             reason = "an incomplete last line (a run stopped mid-write)"
-            report.left_out[reason] = report.left_out.get(reason, 0) + 1
-            break
-        missing = [k for k in _NEW_KEY if k not in row]
-        reason = None
-        if missing == ["artifact_sha256"] and artifact_free(str(row["method"])):
-            row = {**row, "artifact_sha256": None}
-        elif missing == ["artifact_sha256"]:
-            reason = f"method {row['method']} reads (or may read) a calibration artifact, which the row does not name"
-        elif missing:
-            reason = f"the row lacks {', '.join(missing)}"
-        if not missing:  # today's row: kept byte for byte
+        elif parsed[1] != LEGACY:  # today's row: kept byte for byte
             report.current += 1
             out.append(line + b"\n")
             continue
-        if reason is None:
-            key = row_key(row)
-            if key in taken:
+        else:
+            row = parsed[0]
+            missing = [k for k in _NEW_KEY if k not in row]
+            if missing != ["artifact_sha256"]:
+                reason = f"the row lacks {', '.join(missing)}"
+            elif not artifact_free(str(row["method"])):
+                reason = (
+                    f"method {row['method']} reads (or may read) a calibration artifact, which the row does not name"
+                )
+            elif (key := row_key(row := {**row, "artifact_sha256": None})) in taken:
                 reason = "a duplicate of a row already in the directory"
             else:
                 taken.add(key)
