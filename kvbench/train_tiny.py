@@ -885,7 +885,7 @@ def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[s
     last = log[-min(len(log), 50) :]
     final_loss = sum(e["loss"] for e in last) / max(len(last), 1)
     stages = training_stages(args)
-    tokens = sum(e["len"] for e in log) * args["batch_size"]
+    tokens = sum(e["len"] * stages[e.get("stage", 1) - 1]["batch_size"] for e in log)  # each stage's own batch size
 
     def describe(i: int, st: dict) -> str:
         rows = ", ".join(f"{n} tokens from step {int(f * st['steps'])}" for f, n in st["curriculum"])
