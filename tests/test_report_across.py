@@ -123,3 +123,35 @@ def test_terminal_tables_include_the_across_models_view():
     assert "Across models — torch · b · length 1024 · seed 42 — mean over 2 common tasks" in titles
     assert "Across models — torch · b · length 1024 · seed 42 — rank agreement" in titles
     assert "Across models" not in render_markdown(_two_models(), across=False)
+
+
+def _lines(ax) -> dict[str, tuple[list[float], list[float]]]:
+    return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+
+
+def test_across_figure_draws_each_model_over_the_common_tasks():
+    from kvbench.report import figures as F
+
+    across = T.across_models(T.task_scores(D.usable(D.frame(_two_models()))))
+    names = T.model_names(across)
+    fig = F.across_curves(across, names, "t", F.colors(sorted(set(across.label))))
+    a, b = [ax for ax in fig.axes if ax.get_visible()]
+    assert (a.get_title(), b.get_title()) == ("a", "b")
+    la, lb = _lines(a), _lines(b)
+    # hand-worked means over t1, t2 (t3 is only on b): a x=(80+60)/2, b x=(70+50)/2, b z=(10+30)/2
+    assert la["x [flat]"] == ([0.5], [70.0]) and lb["x [flat]"] == ([0.5], [60.0]) and lb["z [flat]"][1] == [20.0]
+    assert "w [flat]" not in la  # lacks t2 on a: its mean would be over t1 alone
+    assert la["no prune (full)"][1] == [90.0, 90.0]  # the horizontal no-prune line
+    oracle = next(ln for ln in a.get_lines() if ln.get_label().startswith("oracle"))
+    assert oracle.get_linestyle() == "--" and list(oracle.get_ydata()) == [100.0]
+
+
+def test_report_draws_the_across_models_figure(tmp_path):
+    report = R.build(D.frame(_two_models()), {}, [], [], R.Options(n_resamples=20))
+    (sec,) = [s for s in report.sections if s.title.startswith("Across models")]
+    fig = sec.blocks[0]
+    assert isinstance(fig, R.Figure) and fig.name == "models-torch-b-1024-42" and fig.png[:4] == b"\x89PNG"
+    R.write(report, tmp_path / "rep")
+    assert (tmp_path / "rep" / "figures" / "models-torch-b-1024-42.pdf").is_file()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "![Side by side across models](figures/models-torch-b-1024-42.png)" in md

@@ -1,6 +1,8 @@
-"""Figures (matplotlib, no display needed): accuracy vs kept fraction, per task and averaged over tasks.
+"""Figures (matplotlib, no display needed): accuracy vs kept fraction, per task, averaged over tasks, and side by
+side across models.
 
-Each function takes the long frames of :mod:`kvbench.report.tables` for ONE setting and returns a
+Each function takes the long frames of :mod:`kvbench.report.tables` for ONE setting (or one GROUP of settings
+that differ only in their model) and returns a
 ``matplotlib.figure.Figure``; :func:`save` writes it as PNG and PDF. Lines: one per ranked ``method
 [allocation]``; the no-prune score (``full``) as a grey horizontal line; query-aware labels (the ceiling) dashed;
 a paired-bootstrap band per label where intervals are given.
@@ -20,7 +22,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from kvbench.report.tables import FULL, ranked_labels  # noqa: E402
 
-__all__ = ["averaged_curves", "colors", "per_task_curves", "save"]
+__all__ = ["across_curves", "averaged_curves", "colors", "per_task_curves", "save"]
 
 _PALETTE = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
 
@@ -104,6 +106,32 @@ def averaged_curves(avg: pd.DataFrame, title: str, palette: dict) -> Figure:
     ax.set_ylabel("mean accuracy over tasks (%)")
     ax.set_title(title.replace(" — ", "\n"), fontsize=9)  # what, then the setting: one line each
     _legend(fig, [ax])
+    return fig
+
+
+def across_curves(across: pd.DataFrame, names: dict[tuple[str, str], str], title: str, palette: dict) -> Figure:
+    """One panel per model of one GROUP (``tables.across_models`` rows), side by side on the same axes: each
+    label's mean over the tasks common to every model vs kept fraction p. Labels that lack a common task on a
+    model (``complete`` False) are left out of that model's panel: their mean would be over other tasks.
+    ``names``: ``tables.model_names`` (panel titles)."""
+    models = sorted(across.groupby(["model", "model_fingerprint"], sort=True).groups)
+    ncol = min(4, len(models))
+    nrow = math.ceil(len(models) / ncol)
+    fig = Figure(figsize=(4.2 * ncol, 3.4 * nrow + 1.0), layout="constrained")
+    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
+    for ax, (model, fp) in zip(axes, models, strict=False):
+        g = across[(across.model == model) & (across.model_fingerprint == fp) & across.complete.astype(bool)]
+        _panel(ax, g, palette, None)
+        ax.set_title(names.get((model, fp), model), fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(models) :]:
+        ax.set_visible(False)
+    for ax in axes[::ncol]:
+        ax.set_ylabel("mean accuracy (%)", fontsize=8)
+    for ax in axes[(nrow - 1) * ncol :]:
+        ax.set_xlabel("kept fraction p", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    _legend(fig, axes)
     return fig
 
 

@@ -242,13 +242,14 @@ def _counts(cells: pd.DataFrame, slug: str, title: str) -> Table:
 
 
 def _draw(job: tuple) -> tuple[bytes, bytes]:
-    """One figure as (PNG, PDF) bytes. ``job``: ``("averaged", avg, title, palette)`` or ``("tasks", cells,
-    title, palette, bands)``; module-level so that worker processes can run it."""
+    """One figure as (PNG, PDF) bytes. ``job``: ``("averaged", avg, title, palette)``, ``("tasks", cells,
+    title, palette, bands)`` or ``("across", across, title, palette, names)``; module-level so that worker
+    processes can run it."""
     import io
 
     kind, frame, title, palette, *rest = job
-    fig = F.averaged_curves(frame, title, palette) if kind == "averaged" else F.per_task_curves(frame, title, palette,
-                                                                                                 *rest)  # fmt: skip
+    draw = {"averaged": F.averaged_curves, "tasks": F.per_task_curves, "across": F.across_curves}[kind]
+    fig = draw(frame, *rest, title, palette) if kind == "across" else draw(frame, title, palette, *rest)
     png, pdf = io.BytesIO(), io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     fig.set_layout_engine("none")  # keep the constrained layout just computed: the PDF is not laid out again
@@ -327,10 +328,17 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
             sec.blocks.append(_memory(m, slug, title, opt))
         sec.blocks.append(_counts(c, slug, title))
         sections.append(sec)
+    for key, g, a in T.across_groups(cells):
+        sec = Section(f"Across models — {group_title(key)}", _across(g, a, key))
+        if opt.figures:
+            job = ("across", g, f"mean over {common_tasks(g)} — {group_title(key)}", palette, T.model_names(g))
+            caption = ("Each model's panel: every method's mean over the tasks all models have; a method that "
+                       "lacks one of them on a model is not drawn there.")  # fmt: skip
+            jobs.append((len(sections), 0, f"models-{_file_name(key)}", "Side by side across models", caption, job))
+            sec.blocks.insert(0, None)
+        sections.append(sec)
     for (i, j, name, fig_title, caption, _), (png, pdf) in zip(jobs, _draw_all([x[-1] for x in jobs]), strict=True):
         sections[i].blocks[j] = Figure(name, fig_title, png, pdf, caption)
-    for key, g, a in T.across_groups(cells):
-        sections.append(Section(f"Across models — {group_title(key)}", _across(g, a, key)))
     if opt.cost:
         cost = T.cost_table(opt.cost)
         shown = cost.assign(
