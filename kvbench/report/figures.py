@@ -73,28 +73,42 @@ def _legend(fig: Figure, axes) -> None:
                    fontsize=8, frameon=False)  # fmt: skip
 
 
-def per_task_curves(cells: pd.DataFrame, title: str, palette: dict, bands: pd.DataFrame | None = None) -> Figure:
-    """Accuracy (%) vs kept fraction p, one panel per task of ``cells`` (``tables.task_scores`` of one setting);
-    ``bands``: ``tables.paired_bootstrap`` of that setting, drawn as each label's score shifted by its
-    interval's ends minus its difference (the band excludes the reference's point iff the interval excludes 0)."""
-    tasks = sorted(cells.task.unique())
-    ncol = min(5, max(1, len(tasks)))
-    nrow = math.ceil(len(tasks) / ncol)
-    fig = Figure(figsize=(3.0 * ncol, 2.5 * nrow + 1.0), layout="constrained")
+def _panels(
+    panels: list[tuple[str, pd.DataFrame, pd.DataFrame | None]],
+    title: str,
+    palette: dict,
+    ylabel: str,
+    max_cols: int,
+    size: tuple[float, float],
+) -> Figure:
+    """A grid of :func:`_panel` axes, one per ``(panel title, cells, bands)``, at most ``max_cols`` a row, each
+    ``size`` inches; axis labels on the outer panels, one legend for all."""
+    ncol = min(max_cols, max(1, len(panels)))
+    nrow = math.ceil(len(panels) / ncol)
+    fig = Figure(figsize=(size[0] * ncol, size[1] * nrow + 1.0), layout="constrained")
     axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-    for ax, task in zip(axes, tasks, strict=False):
-        _panel(ax, cells[cells.task == task], palette, None if bands is None else bands[bands.task == task])
-        ax.set_title(task, fontsize=9)
+    for ax, (name, cells, bands) in zip(axes, panels, strict=False):
+        _panel(ax, cells, palette, bands)
+        ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(tasks) :]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     for ax in axes[::ncol]:
-        ax.set_ylabel("accuracy (%)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
     for ax in axes[(nrow - 1) * ncol :]:
         ax.set_xlabel("kept fraction p", fontsize=8)
     fig.suptitle(title, fontsize=10)
     _legend(fig, axes)
     return fig
+
+
+def per_task_curves(cells: pd.DataFrame, title: str, palette: dict, bands: pd.DataFrame | None = None) -> Figure:
+    """Accuracy (%) vs kept fraction p, one panel per task of ``cells`` (``tables.task_scores`` of one setting);
+    ``bands``: ``tables.paired_bootstrap`` of that setting, drawn as each label's score shifted by its
+    interval's ends minus its difference (the band excludes the reference's point iff the interval excludes 0)."""
+    panels = [(task, cells[cells.task == task], None if bands is None else bands[bands.task == task])
+              for task in sorted(cells.task.unique())]  # fmt: skip
+    return _panels(panels, title, palette, "accuracy (%)", 5, (3.0, 2.5))
 
 
 def averaged_curves(avg: pd.DataFrame, title: str, palette: dict) -> Figure:
@@ -115,24 +129,9 @@ def across_curves(across: pd.DataFrame, names: dict[tuple[str, str], str], title
     model (``complete`` False) are left out of that model's panel: their mean would be over other tasks.
     ``names``: ``tables.model_names`` (panel titles)."""
     models = sorted(across.groupby(["model", "model_fingerprint"], sort=True).groups)
-    ncol = min(4, len(models))
-    nrow = math.ceil(len(models) / ncol)
-    fig = Figure(figsize=(4.2 * ncol, 3.4 * nrow + 1.0), layout="constrained")
-    axes = fig.subplots(nrow, ncol, squeeze=False).ravel()
-    for ax, (model, fp) in zip(axes, models, strict=False):
-        g = across[(across.model == model) & (across.model_fingerprint == fp) & across.complete.astype(bool)]
-        _panel(ax, g, palette, None)
-        ax.set_title(names.get((model, fp), model), fontsize=9)
-        ax.tick_params(labelsize=7)
-    for ax in axes[len(models) :]:
-        ax.set_visible(False)
-    for ax in axes[::ncol]:
-        ax.set_ylabel("mean accuracy (%)", fontsize=8)
-    for ax in axes[(nrow - 1) * ncol :]:
-        ax.set_xlabel("kept fraction p", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    _legend(fig, axes)
-    return fig
+    panels = [(names.get((m, fp), m), across[(across.model == m) & (across.model_fingerprint == fp)
+                                             & across.complete.astype(bool)], None) for m, fp in models]  # fmt: skip
+    return _panels(panels, title, palette, "mean accuracy (%)", 4, (4.2, 3.4))
 
 
 def save(fig: Figure, stem: Path, dpi: int = 110) -> list[Path]:
