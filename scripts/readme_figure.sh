@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the README's report figure: the README's main job (the shipped default model, offline), its
-# report, and the mean-over-tasks curve copied to docs/report-default.png. From scratch every time (about
+# report, and its mean-over-tasks figure copied to docs/report-default.png (the across-models one,
+# a panel per model, when the job runs several models). From scratch every time (about
 # 80 s), so the figure shows the current calibration artifacts (kvbench run refuses to add rows of a new
 # artifact to an --out holding rows of the old one).
 set -euo pipefail
@@ -10,5 +11,10 @@ rm -rf results/default reports/default
   --task niah_single_1,niah_multikey_2 --p 0.5,0.1 --limit 5 --out results/default
 .venv/bin/kvbench report --results results/default --out reports/default
 mkdir -p docs
-cp reports/default/figures/averaged-*.png docs/report-default.png
-echo "docs/report-default.png <- $(ls reports/default/figures/averaged-*.png)"
+# the across-models figure (one panel per model) when the job runs two or more models, else the one mean curve
+shopt -s nullglob
+figs=(reports/default/figures/models-*.png)
+[ ${#figs[@]} -eq 0 ] && figs=(reports/default/figures/averaged-*.png)
+[ ${#figs[@]} -eq 1 ] || { echo "expected one figure to copy, found ${#figs[@]}: ${figs[*]}" >&2; exit 1; }
+cp "${figs[0]}" docs/report-default.png
+echo "docs/report-default.png <- ${figs[0]}"
