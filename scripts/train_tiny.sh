@@ -56,7 +56,7 @@ train --out "$OUT/stage6" --init "$OUT/stage5/final" --seed 14 --steps 300 --lr 
   --curriculum 1024@0 --save-every 50 --mix "$MIX56" "${LAST6[@]}"
 if [ "$ARCH" = qwen3_5 ]; then
   # Stage 7, the dense twin only. Measured after stage 6 (the export's 15 items per task): niah_single_1 100,
-  # niah_multikey_2 33.3, niah_multikey_3 13.3, vt 8.0, fwe 11.1 (mean 33.1; the MoE model's was 51.3 there).
+  # niah_multikey_2 33.3, niah_multikey_3 13.3, vt 8.0, fwe 11.1 (mean 33.1; MoE: 50.7 on 50 official items).
   # Its supervised losses were still falling through stages 5-6 (niah_multikey_2 0.30 -> 0.22, vt 1.17 -> 0.94,
   # fwe 2.18 -> 1.60; means of 150 steps) at about 3x the MoE model's on multi-key rows (0.22 vs 0.07), so:
   # 900 more steps at 1,024 tokens, the learning rate back at stage 5's, multi-key and lookup rows weighted up.
