@@ -346,6 +346,8 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
             "command to resume[/yellow]"
         )
         raise
+    finally:
+        engine.close()  # before the next model of a --model list starts its engine
     return summary
 
 

@@ -57,20 +57,11 @@ def _items(lm, tasks: list[str], limit: int, length: int) -> list[dict]:
     return items
 
 
-def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
+def _run_items(engine, methods, window: int, items: list[dict], name: str) -> None:
+    """Prefill each item once on ``engine``, answer at full cache, score and select with every method, fork and
+    answer once; the results go into ``items[i][name]``."""
     import torch
 
-    from kvbench.methods import get_method
-    from kvbench.models import load_model
-    from kvbench.runner import make_engine
-
-    lm = load_model(model, dtype="bfloat16")
-    length = lm.context_length or 1024
-    source = out / "torch.json"
-    items = json.loads(source.read_text())["items"] if name == "vllm" else _items(lm, tasks, limit, length)
-    engine = make_engine(name, lm, length)
-    methods = [get_method(m) for m in METHODS]
-    window = max(m.query_window for m in methods)
     for it in items:
         t0 = time.perf_counter()
         parent = engine.prefill(it["context_ids"], it["prot"], query_window=window)
@@ -107,6 +98,25 @@ def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -
         it[name] = {"answer_ids": answer.token_ids, "answer_text": answer.text, "kept": kept, "seconds": seconds,
                     "shared_ids": shared_answer.token_ids, "shared_text": shared_answer.text}  # fmt: skip
         print(f"{name} {it['task']} #{it['item']}: {answer.text!r} prefill {prefill_s:.2f}s", file=sys.stderr)
+
+
+def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
+
+    from kvbench.methods import get_method
+    from kvbench.models import load_model
+    from kvbench.runner import make_engine
+
+    lm = load_model(model, dtype="bfloat16")
+    length = lm.context_length or 1024
+    source = out / "torch.json"
+    items = json.loads(source.read_text())["items"] if name == "vllm" else _items(lm, tasks, limit, length)
+    engine = make_engine(name, lm, length)
+    methods = [get_method(m) for m in METHODS]
+    window = max(m.query_window for m in methods)
+    try:
+        _run_items(engine, methods, window, items, name)
+    finally:
+        engine.close()
     if name == "torch":
         out.mkdir(parents=True, exist_ok=True)
         source.write_text(json.dumps({"model": model, "items": items}))

