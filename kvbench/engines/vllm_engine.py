@@ -211,6 +211,7 @@ class VllmEngine(EngineBase):
         self._fingerprint = fingerprint
         self.max_context = max_model_len
         self._init_layers()
+        self.pool_views = self._pool_views()
         if stop_ids is None:
             from kvbench.engines.torch_engine import stop_token_ids
 
@@ -230,6 +231,7 @@ class VllmEngine(EngineBase):
 
         self.llm.llm_engine.engine_core.shutdown()
         self.llm = self.runner = self.block_pool = self.model = None
+        self.pool_views = []
         self._one_head_builders.clear()
         gc.collect()
         cleanup_dist_env_and_memory()
@@ -334,12 +336,13 @@ class VllmEngine(EngineBase):
         page by weight 0: a GDN state left there (float32 on CPUs with AVX-512 BF16) read as bfloat16 K/V holds
         NaN bit patterns, and 0 * NaN made a child's answer NaN. Zero pages make every unused slot finite."""
         ids = torch.tensor([b.block_id for b in blocks], dtype=torch.int64)
-        for view in self._block_views():
+        for view in self.pool_views:
             view.index_fill_(0, ids, 0)
 
-    def _block_views(self) -> list[torch.Tensor]:
+    def _pool_views(self) -> list[torch.Tensor]:
         """The distinct tensors indexed by block id in dim 0: each attention layer's pages, each GDN layer's
-        conv and SSM states (on vLLM 0.32 they are views of one shared buffer)."""
+        conv and SSM states (on vLLM 0.32 they are views of one shared buffer). Fixed once vLLM has bound its
+        caches, so ``__init__`` keeps them in ``pool_views``."""
         views = [m.attn.kv_cache for m in self.attn_modules] + [t for f in range(len(self.gdn_modules))
                                                                 for t in self._gdn_state(f)]  # fmt: skip
         seen, out = set(), []

@@ -132,7 +132,7 @@ def test_stale_pool_contents_never_reach_an_answer(engine, parent):
     block 0), a keep-all child still answers exactly as its parent: the engine zeroes the blocks it takes."""
     want = _answer(parent, parent.sha256, logits=True)
     held = {0} | {b.block_id for layer in parent.attn_blocks for b in layer} | {b.block_id for b in parent.state_blocks}
-    views = engine._block_views()
+    views = engine.pool_views
     others = torch.tensor([b for b in range(views[0].shape[0]) if b not in held])
     for view in views:
         view.index_fill_(0, others, float("nan"))
@@ -299,19 +299,22 @@ def _split_projections(m, qkvz: torch.Tensor, ba: torch.Tensor):
     return query, key, value, b, a
 
 
-def _checkpoint_conv_weight(engine, f: int) -> torch.Tensor:
-    """GDN layer ``f``'s causal-conv weight as the checkpoint stores it. (Not the loaded module's: on CPUs with
+def _checkpoint_conv_weights(engine) -> list[torch.Tensor]:
+    """Each GDN layer's causal-conv weight as the checkpoint stores it. (Not the loaded module's: on CPUs with
     AVX-512 BF16 vLLM repacks ``conv1d.weight`` in place at load time for its C++ conv kernel.)"""
     from safetensors.torch import load_file
 
     weights = load_file(Path(engine.vllm_config.model_config.model) / "model.safetensors")
-    suffix = f"layers.{engine.gdn_layer_ids[f]}.linear_attn.conv1d.weight"
-    (w,) = [w for name, w in weights.items() if name.endswith(suffix)]
-    return w
+    out = []
+    for layer in engine.gdn_layer_ids:
+        (w,) = [w for name, w in weights.items() if name.endswith(f"layers.{layer}.linear_attn.conv1d.weight")]
+        out.append(w)
+    return out
 
 
 def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
     sig = parent.signals()
+    conv_weights = _checkpoint_conv_weights(engine)
     for f, m in enumerate(engine.gdn_modules):
         query, key, value, b, a = _split_projections(m, **dict(seen_gdn[f]))
         b, a = b.reshape(N_CTX, -1).float(), a.reshape(N_CTX, -1).float()
@@ -320,7 +323,7 @@ def _check_signals(engine, parent, seen_gdn, seen_attn) -> None:
         g_ref = -torch.exp(m.A_log.float()) * F.softplus(a + m.dt_bias.float())
         assert torch.allclose(sig.g[f], g_ref, atol=8e-3, rtol=2e-2)
         mixed = torch.cat([t.reshape(N_CTX, -1) for t in (query, key, value)], -1).float()  # [T, conv_dim]
-        w = _checkpoint_conv_weight(engine, f).float().reshape(mixed.shape[1], -1)  # [conv_dim, width]
+        w = conv_weights[f].float().reshape(mixed.shape[1], -1)  # [conv_dim, width]
         conv = F.conv1d(F.pad(mixed.T[None], (w.shape[1] - 1, 0)), w[:, None], groups=w.shape[0])[0].T
         v_ref = F.silu(conv)[:, 2 * m.key_dim :].reshape(N_CTX, m.num_v_heads, -1).norm(dim=-1)
         assert torch.allclose(sig.vnorm[f], v_ref, rtol=3e-2, atol=3e-2)
