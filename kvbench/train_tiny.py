@@ -577,6 +577,27 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(ckpts, key=lambda p: int(p.name.split("-")[1])) if ckpts else None
 
 
+def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
+    """``out_dir/final`` when a run with these arguments has already finished there, else None.
+
+    ``training_args.json`` is the last file :func:`save_final` writes, so its presence marks a complete
+    ``final/``. This is what lets a stage's ``final/`` alone (no checkpoints: they hold the optimizer state,
+    three times the weights) carry a multi-stage run from one machine to the next."""
+    final = out_dir / "final"
+    if not (final / "training_args.json").is_file():
+        return None
+    ignored = ("save_every", "previous")
+    saved = json.loads((final / "training_args.json").read_text())
+    saved = {"arch": "qwen3_next", **{k: v for k, v in saved.items() if k not in ignored}}
+    now = {k: v for k, v in json.loads(json.dumps(asdict(args))).items() if k not in ignored}
+    if saved != now:
+        raise KvbenchError(
+            f"{final} was written with different training arguments: {saved} != {now}; "
+            "remove that directory to train this stage again"
+        )
+    return final
+
+
 def _optimizer(model, args: TrainArgs):
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
@@ -650,7 +671,8 @@ def train(
     model (``save_pretrained``), tokenizer and ``trainer_state.pt`` (step, AdamW state, RNG states, the
     arguments, the loss log). With ``resume`` the latest checkpoint is loaded and training continues
     bit-for-bit as if uninterrupted: step ``s``'s batch is derived from ``(seed, s)`` and the learning
-    rate from ``s``. ``tokenizer``: a ready tokenizer (default: :func:`train_tokenizer`).
+    rate from ``s``; a run whose ``final/`` already holds these arguments returns it without training.
+    ``tokenizer``: a ready tokenizer (default: :func:`train_tokenizer`).
 
     ``autocast`` (bf16 on CPU) is off by default: measured on the 2-core machine it made a step about 4x
     slower (246 vs 999 tok/s at 8x256, one thread). ``threads``: intra-op threads (on a shared 2-core
@@ -688,6 +710,9 @@ def train(
         warmup=warmup,
         arch=arch,
     )
+    finished = _finished_run(out_dir, args) if resume else None
+    if finished is not None:
+        return finished
     ckpt = latest_checkpoint(out_dir) if resume else None
     torch.manual_seed(seed)
     log: list[dict] = []

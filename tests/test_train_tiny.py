@@ -265,6 +265,26 @@ def test_train_resume_exact(tmp_path, one_thread):
     assert lm2.model.config.max_position_embeddings == T.SHIPPED_MAX_POSITIONS
 
 
+def test_a_finished_stage_is_reused_from_its_final_alone(tmp_path, one_thread):
+    """A stage's final/ without its checkpoints (what a run carries to another machine) is returned as it is,
+    not trained again; a final/ written with other arguments is an error naming the fix."""
+    import shutil
+
+    first = _train(tmp_path / "s1", steps=2)
+    second = _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
+    for ckpt in (tmp_path / "s2").glob("checkpoint-*"):
+        shutil.rmtree(ckpt)
+    shutil.rmtree(tmp_path / "s1")  # its weights are not needed once the stage after it has finished
+    weights = (second / "model.safetensors").read_bytes()
+    assert _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None) == second
+    assert (second / "model.safetensors").read_bytes() == weights and not list((tmp_path / "s2").glob("checkpoint-*"))
+    with pytest.raises(T.KvbenchError, match="different training arguments.*remove that directory"):
+        _train(tmp_path / "s2", steps=3, seed=2, init=first, tokenizer=None)
+    (second / "training_args.json").unlink()  # a final/ cut before its last file: not a finished run
+    with pytest.raises(T.KvbenchError, match="no trained model"):
+        _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
+
+
 def test_calibration_corpus_deterministic(tmp_path):
     from kvbench.corpus import read_corpus
 

@@ -1,0 +1,75 @@
+"""scripts/train_tiny.sh's stage skipping, run for real against a stand-in ``kvbench`` that records its calls.
+
+A training run outlives a machine here, so a stage's final/ alone must carry it to the next one: the script
+skips every stage before the latest finished one and trains from the stage after it."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_KVBENCH = """#!/usr/bin/env bash
+# records each call; a train-tiny call "finishes" its stage by writing final/training_args.json
+echo "$*" >> "$CALLS"
+out=""
+while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+[ -n "$out" ] && mkdir -p "$out/final" && echo '{}' > "$out/final/training_args.json"
+exit 0
+"""
+
+
+def _layout(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "train_tiny.sh", repo / "scripts" / "train_tiny.sh")
+    (repo / "scripts" / "calibrate_tiny.sh").write_text('echo "calibrate $*" >> "$CALLS"\n')
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    fake = repo / ".venv" / "bin" / "kvbench"
+    fake.write_text(FAKE_KVBENCH)
+    fake.chmod(0o755)
+    return repo
+
+
+def _run(repo: Path, arch: str) -> list[str]:
+    calls = repo / "calls.txt"
+    calls.unlink(missing_ok=True)
+    env = dict(os.environ, ARCH=arch, CALLS=str(calls))
+    subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
+    return calls.read_text().splitlines()
+
+
+def _stages(calls: list[str]) -> list[str]:
+    return [c.split("--out ")[1].split()[0].rsplit("/", 1)[1] for c in calls if c.startswith("train-tiny")]
+
+
+@pytest.mark.parametrize(
+    "arch,name,order",
+    [
+        ("qwen3_next", "tiny-trained", ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"]),
+        (
+            "qwen3_5",
+            "tiny-trained-dense",
+            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7"],
+        ),
+    ],
+)
+def test_stages_before_the_latest_finished_one_are_skipped(tmp_path, arch, name, order):
+    repo = _layout(tmp_path)
+    calls = _run(repo, arch)
+    assert _stages(calls) == order and calls[-1] == f"calibrate {name}"
+    # a fresh machine holding only stage 2's final/: stage 1 is not trained again, stage 2 is handed to
+    # train-tiny (which returns a finished final/ as it is), the rest are trained
+    shutil.rmtree(repo / "models")
+    final = repo / "models" / name / "stage2" / "final"
+    final.mkdir(parents=True)
+    (final / "training_args.json").write_text("{}")
+    assert _stages(_run(repo, arch)) == order[1:]
+    # an incomplete final/ (no training_args.json, its last file) does not count as finished
+    shutil.rmtree(repo / "models")
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_text("")
+    assert _stages(_run(repo, arch)) == order
