@@ -577,6 +577,14 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(ckpts, key=lambda p: int(p.name.split("-")[1])) if ckpts else None
 
 
+def _comparable_args(args: dict) -> dict:
+    """A run's stored arguments (``trainer_state.pt`` or ``training_args.json``) in the form two runs compare
+    by: ``save_every`` and the carried ``previous`` stage left out, ``arch`` defaulted to ``qwen3_next`` (runs
+    before it existed), and a JSON round trip so a ``training_args.json`` compares equal to live arguments."""
+    args = {"arch": "qwen3_next", **json.loads(json.dumps(args))}
+    return {k: v for k, v in args.items() if k not in ("save_every", "previous")}
+
+
 def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
     """``out_dir/final`` when a run with these arguments has already finished there, else None.
 
@@ -586,10 +594,8 @@ def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
     final = out_dir / "final"
     if not (final / "training_args.json").is_file():
         return None
-    ignored = ("save_every", "previous")
-    saved = json.loads((final / "training_args.json").read_text())
-    saved = {"arch": "qwen3_next", **{k: v for k, v in saved.items() if k not in ignored}}
-    now = {k: v for k, v in json.loads(json.dumps(asdict(args))).items() if k not in ignored}
+    saved = _comparable_args(json.loads((final / "training_args.json").read_text()))
+    now = _comparable_args(asdict(args))
     if saved != now:
         raise KvbenchError(
             f"{final} was written with different training arguments: {saved} != {now}; "
@@ -722,8 +728,7 @@ def train(
         tokenizer = AutoTokenizer.from_pretrained(ckpt)
         model = _load_model(ckpt)
         state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        saved = {"arch": "qwen3_next", **{k: v for k, v in state["args"].items() if k not in ("save_every",)}}
-        now = {k: v for k, v in asdict(args).items() if k not in ("save_every",)}
+        saved, now = _comparable_args(state["args"]), _comparable_args(asdict(args))
         if saved != now:
             raise KvbenchError(f"{ckpt} was written with different training arguments: {saved} != {now}")
         optimizer = _optimizer(model, args)

@@ -7,7 +7,7 @@
 # measurements called for (3b: variable chains on short rows; 7: 900 more steps at 1,024 tokens, export after
 # it), starting from tiny-trained's tokenizer instead of training one.
 # Across machines: a stage is skipped when its final/ or a later stage's final/ is complete, so a stage's
-# final/ alone (about 18 MB, no optimizer state) carries the run to a fresh machine (README, "Training").
+# final/ alone (about 19 MB, no optimizer state) carries the run to a fresh machine (README, "Training").
 # Usage: [ARCH=qwen3_next|qwen3_5] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
