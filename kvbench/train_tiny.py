@@ -589,8 +589,9 @@ def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
     """``out_dir/final`` when a run with these arguments has already finished there, else None.
 
     ``training_args.json`` is the last file :func:`save_final` writes, so its presence marks a complete
-    ``final/``. This is what lets a stage's ``final/`` alone (no checkpoints: they hold the optimizer state,
-    three times the weights) carry a multi-stage run from one machine to the next."""
+    ``final/``. This is what lets a stage's ``final/`` alone (no checkpoints: with the AdamW state a checkpoint
+    is about three times the weights, 53 MB against 18 MB for the dense twin) carry a multi-stage run from one
+    machine to the next."""
     final = out_dir / "final"
     if not (final / "training_args.json").is_file():
         return None
