@@ -1,10 +1,10 @@
 """Model loading: built-in tiny models, local directories and hub ids, plus the model fingerprint.
 
-Built-in models are either shipped with kvbench (``tiny-trained``: weights, tokenizer and model card in
-``kvbench/builtin/tiny-trained/``, the default) or built from a seeded config in code (the ``tiny-random*``
-models: random weights, labelled as such in every row and report), saved once under the kvbench cache
-(``$KVBENCH_CACHE``, default ``~/.cache/kvbench``). Both load through the same ``from_pretrained`` path as
-any local directory.
+Built-in models are either shipped with kvbench (``tiny-trained``, the default, and its dense Qwen3.5 twin
+``tiny-trained-dense``: weights, tokenizer and model card in ``kvbench/builtin/<name>/``) or built from a
+seeded config in code (the ``tiny-random*`` models: random weights, labelled as such in every row and report),
+saved once under the kvbench cache (``$KVBENCH_CACHE``, default ``~/.cache/kvbench``). Both load through the
+same ``from_pretrained`` path as any local directory.
 """
 
 from __future__ import annotations
@@ -132,6 +132,12 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             "trained tiny Qwen3-Next (MoE, 12 layers, 3 attention), BPE tokenizer; RULER-style data, 1,024 tokens",
             random_weights=False,
             shipped=BUILTIN_DIR / "tiny-trained",
+        ),
+        BuiltinModel(
+            "tiny-trained-dense",
+            "trained tiny Qwen3.5 (dense MLP, 12 layers, 3 attention), tiny-trained's tokenizer and data, 1,024 tokens",
+            random_weights=False,
+            shipped=BUILTIN_DIR / "tiny-trained-dense",
         ),
         BuiltinModel(
             "tiny-random", "random-weight tiny Qwen3-Next (dense MLP), byte tokenizer", tiny_qwen3_next_config

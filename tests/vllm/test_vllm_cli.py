@@ -1,5 +1,5 @@
 """``kvbench run --engine vllm`` end to end on each shipped trained model (bfloat16: the MoE Qwen3-Next default
-and, once shipped, its dense Qwen3.5 twin), offline, with the shipped bfloat16 calibration artifacts (vLLM
+and its dense Qwen3.5 twin), offline, with the shipped bfloat16 calibration artifacts (vLLM
 environment only)."""
 
 from __future__ import annotations
