@@ -30,6 +30,7 @@ __all__ = [
     "PromptLength",
     "register_bench",
     "get_bench",
+    "bench_title",
     "list_benches",
     "UnknownBenchError",
 ]
@@ -65,6 +66,16 @@ class Context:
     questions: asked one at a time against the compressed context.
     meta: free-form details recorded with each row (e.g. needle depth).
     glue: the text between instruction and body (RULER's fwe joins them with a space).
+    assembly: how :mod:`kvbench.prompt` turns the pieces into token ids: ``"kvbench"`` (the pieces
+        tokenized apart, ``"\n"`` before each question, the body middle-truncated so the longest question
+        and its answer fit) or ``"scbench"`` (SCBench's own shared-context assembly: the chat-templated
+        context prompt encoded in one call, each query from its own chat template appended directly, the
+        whole context prompt middle-truncated to the model limit less ``reserve_tokens``).
+    reserve_tokens: ``"scbench"`` assembly only: the tokens the official runner subtracts from the model
+        limit before it middle-truncates the context prompt.
+    source: where the item comes from, when a bench has more than one source (SCBench: ``"hub"`` for the
+        dataset's rows, ``"generated"`` for rows kvbench generated offline); None for single-source benches.
+        Part of each row's identity.
     """
 
     bench: str
@@ -75,6 +86,9 @@ class Context:
     questions: tuple[Question, ...]
     meta: dict = field(default_factory=dict)
     glue: str = "\n"
+    assembly: str = "kvbench"
+    reserve_tokens: int = 0
+    source: str | None = None
 
 
 #: Callable that returns the total prompt length in tokens (chat template + instruction + body + the
@@ -90,6 +104,8 @@ class Bench(ABC):
     """
 
     name: str = ""
+    #: display name in reports (default: ``name``)
+    title: str = ""
     description: str = ""
     #: Where a generated bench may cache its contexts (None: no cache). The runner points it at
     #: ``$KVBENCH_CACHE/<bench name>``; cached items must be re-validated or keyed so they cannot go stale.
@@ -133,6 +149,14 @@ def _load_builtins() -> None:
 def list_benches() -> list[str]:
     _load_builtins()
     return sorted(_BENCHES)
+
+
+def bench_title(name: str) -> str:
+    """The display name of bench ``name`` (its class's ``title``, e.g. "SCBench"), or ``name`` itself for a
+    bench that has none or is not registered here."""
+    _load_builtins()
+    cls = _BENCHES.get(name)
+    return getattr(cls, "title", "") or name
 
 
 def get_bench(name: str) -> Bench:

@@ -4,34 +4,38 @@ Each SCBench row is one long context with several queries (``multi_turns``). kvb
 shared-context multi-query mode ("scdq", ``--same_context_different_query``): the context goes through
 the chat template once and every turn is asked against it as its own :class:`~kvbench.tasks.Question`
 (the official HF runner decodes each query with ``update_global_past_kv=False``, so every query sees only
-the context). All turns of a row are asked (the paper runs every context with all its questions; the
-official ``--max_turns 5`` cut is not applied).
+the context). All turns of a row are asked (the paper runs every context with all its questions);
+``$KVBENCH_SCBENCH_MAX_TURNS=5`` applies the official ``--max_turns 5`` cap instead.
 
-**Prompts** (official ``multiturn_templates_scdq`` / ``multiturn_follow_up_templates_in_chat_tempate``).
-The official context prompt is ``INSTRUCTION + "\\n\\n" + context``; kvbench's core renders
-``instruction + "\\n" + body + "\\n" + question``, so ``instruction`` carries the instruction plus one
-``"\\n"`` (the core adds the other). Tasks whose official context template is ``"{context}"`` have an empty
-instruction (the core still puts one ``"\\n"`` before the body), and the core puts ``"\\n"`` between the
-body and the question where the official scdq prompt has none. Questions per task:
+**Prompts, token for token as the official code builds them** (``create_scdq_prompt`` with the chat
+template; ``run_scbench.py`` for the truncation). Contexts are in SCBench's own assembly
+(``Context.assembly == "scbench"``, rendered by :mod:`kvbench.prompt`): the context prompt is
+``CTX_TEMPLATE.format(context)`` (:data:`INSTRUCTIONS` + the body, no glue; tasks whose template is
+``"{context}"`` have no instruction) through the chat template and encoded in one call; each query is
+appended directly after it (no separator). Questions per task (``multiturn_follow_up_templates_in_chat_tempate``):
 
 * kv, prefix_suffix, vt, repoqa, many_shot, summary, mixed tasks: the turn's ``input``.
-* qa_eng: ``"Question: {input}\\nAnswer:"``; qa_chn: ``"问题：{input}\\n答案："``.
-* choice_eng: ``"Question: {input}\\nA. {o0}\\nB. {o1}\\nC. {o2}\\nD. {o3}\\n\\nThe the correct answer is"``
+* qa_eng: ``"Question: {input}\nAnswer:"``; qa_chn: ``"问题：{input}\n答案："``.
+* choice_eng: ``"Question: {input}\nA. {o0}\nB. {o1}\nC. {o2}\nD. {o3}\n\nThe the correct answer is"``
   (sic), with each turn's own options.
-* mf: instruction = the first turn's ``input`` (the official scdq ``prefix``); each question
-  ``"What is {target}?\\n\\n{input}"`` with ``target`` = the first ``The .+ is`` match of the input, lower
+* mf: instruction = the first turn's ``input`` + ``"\n\n"`` (the official scdq ``prefix``); each question
+  ``"What is {target}?\n\n{input}"`` with ``target`` = the first ``The .+ is`` match of the input, lower
   case, without the trailing ``" is"``.
 
 No answer prefix (``answer_prefix=""``). Generation lengths: :data:`MAX_NEW_TOKENS` (official
-``DATA_NAME_TO_MAX_NEW_TOKENS``; mixed tasks by each turn's ``task``).
+``DATA_NAME_TO_MAX_NEW_TOKENS``; mixed tasks by each turn's ``task``). ``tests/test_scbench_official.py``
+compares every task's ids with the official code's output (``tests/fixtures/scbench_official/``).
 
-**Sizing.** SCBench items are fixed: ``length`` and ``prompt_length`` are not used (the core
-middle-truncates a body that exceeds the model limit and records it), ``limit`` is the number of rows per
-task (in file order), and ``seed`` is unused (nothing is sampled). ``Context.meta`` records the row index
-and ``id``, the number of turns and ``reserve_tokens``: what the official runner subtracts from
-``--max_seq_length`` to size its middle truncation (``max_new_tokens * n_turns``; mixed tasks
-``sum(max_new_tokens) * n_turns // 2``; + 1000 in shared-context mode), with this row's turn count (the
-official runner uses the first row's).
+**Truncation.** As the official runner: the whole chat-templated context prompt is middle-truncated to the
+model limit less :func:`reserve_tokens` (``max_new_tokens * T + 1000``; mixed tasks
+``sum(max_new_tokens) * T // 2 + 1000``; ``T`` = the row's turns capped at 5; the official runner takes the
+first row's turn count, kvbench each row's own). ``Context.meta`` records the row index and ``id``, the
+number of turns and ``reserve_tokens``.
+
+**Sizing and sources.** Hub rows are fixed: ``length``, ``prompt_length`` and ``seed`` are not used and
+``limit`` is the number of rows per task (in file order). Without SCBench data, kv, mf, prefix_suffix and vt
+are generated offline (:mod:`kvbench.tasks.scbench_generate`, see :class:`SCBenchBench`), sized to
+``length`` and drawn with ``seed``; their contexts (and rows) say ``source="generated"``.
 
 **Scorers.** Each question's ``scorers`` is ``(official, revised)`` from :mod:`kvbench.scorers.scbench`;
 mixed tasks use their sub-task's pair. The references layouts (choice options, repoqa needle pool) are
@@ -41,7 +45,9 @@ documented there.
 ``scbench_<task>/*.parquet`` (``test-00000-of-00001.parquet``) or ``scbench_<task>/*.jsonl``, or the hub's
 raw ``data/scbench_<task>.jsonl``, or ``scbench_<task>.jsonl``. With ``KVBENCH_SCBENCH_HUB=1`` (or
 ``SCBenchBench(hub=True)``) a task missing locally is loaded with ``datasets.load_dataset("microsoft/SCBench",
-"scbench_<task>", split="test")`` (online only). Otherwise a missing task raises :class:`MissingDataError`.
+"scbench_<task>", split="test")`` (online only) when the directory has no SCBench data. A task missing while
+the directory has other SCBench tasks raises :class:`MissingDataError` (nothing is generated then); with no
+SCBench data at all and no hub, the four generated tasks run and the other eight raise it.
 
 Field types (hub card and the official runner): every row ``context`` (``str``; ``mf``: ``list[int]``,
 formatted as ``str(list)`` like the official ``str.format``; ``vt`` may carry it as ``input``), ``id``
@@ -55,10 +61,12 @@ repoqa turns); ``summary_with_needles`` turns add ``task`` in {``scbench_summary
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,18 +124,22 @@ MAX_NEW_TOKENS: dict[str, int | dict[str, int]] = {
     "repoqa_and_kv": {"scbench_repoqa": 1024, "scbench_kv": 80},
 }
 
-#: The instruction before the context (official scdq context template minus ``"\n{context}"``); mf's is
-#: the first turn's input, see :func:`build_context`.
+#: The text before ``{context}`` in the official scdq context template (``multiturn_templates_scdq``); the
+#: other tasks' template is ``"{context}"`` alone. mf's is the first turn's input, see :func:`build_context`.
 INSTRUCTIONS = {
-    "kv": "Extract the value corresponding to the specified key in the JSON object below.\n",
-    "choice_eng": "Read the book and answer the question.\n",
-    "qa_eng": "Read the book and answer the question. Be very concise in your answer.\n",
-    "qa_chn": "阅读以下书籍然后回答问题。\n",
+    "kv": "Extract the value corresponding to the specified key in the JSON object below.\n\n",
+    "choice_eng": "Read the book and answer the question.\n\n",
+    "qa_eng": "Read the book and answer the question. Be very concise in your answer.\n\n",
+    "qa_chn": "阅读以下书籍然后回答问题。\n\n",
     "repoqa": (
         "Based on the function description and code context, please retrieve and repeat the exact described "
-        "function from the code context in a code block wrapped by ```:\n"
+        "function from the code context in a code block wrapped by ```:\n\n"
     ),
 }
+
+#: The official runner's ``--max_turns`` default: the turn count its truncation reserve is sized for.
+OFFICIAL_MAX_TURNS = 5
+MAX_TURNS_ENV = "KVBENCH_SCBENCH_MAX_TURNS"
 
 _CHOICE_Q = "Question: {q}\nA. {o[0]}\nB. {o[1]}\nC. {o[2]}\nD. {o[3]}\n\nThe the correct answer is"
 _QA_ENG_Q = "Question: {q}\nAnswer:"
@@ -187,18 +199,27 @@ def iter_rows(files: Iterable[Path], columns: list[str] | None = None) -> Iterat
                             raise SCBenchDataError(f"{path}:{n}: not a JSON line ({e.msg})") from None
 
 
-def _missing(task: str, root: Path | None) -> MissingDataError:
-    where = (
-        f"no SCBench data for task {task!r} under {root} (looked for {root / f'scbench_{task}'}/*.parquet "
-        f"or *.jsonl, {root / 'data' / f'scbench_{task}.jsonl'}, {root / f'scbench_{task}.jsonl'})"
-        if root is not None
-        else f"no SCBench data for task {task!r}: neither --data-dir nor $KVBENCH_DATA_DIR is set"
-    )
-    return MissingDataError(
-        f"{where}. Fix: put the hub dataset there, e.g. `huggingface-cli download {HUB_ID} --repo-type dataset "
-        f"--local-dir DIR/scbench`, and pass --data-dir DIR (or set KVBENCH_DATA_DIR=DIR); or, online, set "
-        f"{HUB_ENV}=1 to load {HUB_ID} through `datasets`."
-    )
+_FIX = (
+    f"put the hub dataset under DIR/scbench (`huggingface-cli download {HUB_ID} --repo-type dataset --local-dir "
+    f"DIR/scbench` where the hub is reachable) and pass --data-dir DIR (or set KVBENCH_DATA_DIR=DIR); or, "
+    f"online, set {HUB_ENV}=1 to load it through `datasets`"
+)
+
+
+def _missing(task: str, root: Path | None, generated_mode: bool = False) -> MissingDataError:
+    """The missing-data error of ``task``: ``reason`` one line, ``fix`` the same for every task."""
+    if generated_mode:
+        from kvbench.tasks.scbench_generate import GENERATED_TASKS
+
+        reason = (
+            f"needs SCBench's hub data (no SCBench data {'under ' + str(root) if root else 'given'}; kvbench "
+            f"generates only {', '.join(GENERATED_TASKS)} offline)"
+        )
+    elif root is not None:
+        reason = f"no scbench_{task} data under {root} (scbench_{task}/*.parquet or *.jsonl, data/scbench_{task}.jsonl)"
+    else:
+        reason = f"no SCBench data for {task}: neither --data-dir nor $KVBENCH_DATA_DIR is set"
+    return MissingDataError(reason=reason, fix=_FIX)
 
 
 # --- turning rows into contexts --------------------------------------------------------------------------
@@ -242,25 +263,41 @@ def _mf_question(text: str, task: str, index: int) -> str:
     return f"What is {found[0].lower()[:-3]}?\n\n{text}"
 
 
-def _reserve(task: str, n_turns: int) -> int:
+def reserve_tokens(task: str, n_turns: int, max_turns: int | None = None) -> int:
+    """What the official runner subtracts from ``--max_seq_length`` before it middle-truncates a context
+    prompt in shared-context mode: ``max_new_tokens * T + 1000`` (mixed tasks ``sum(max_new_tokens) * T // 2
+    + 1000``) with ``T = min(n_turns, max_turns or 5)``, the row's turns capped at the official 5."""
+    turns = min(n_turns, max_turns or OFFICIAL_MAX_TURNS)
     mnt = MAX_NEW_TOKENS[task]
-    per = sum(mnt.values()) * n_turns // 2 if isinstance(mnt, dict) else mnt * n_turns
+    per = sum(mnt.values()) * turns // 2 if isinstance(mnt, dict) else mnt * turns
     return per + 1000
 
 
 def build_context(
-    task: str, index: int, row: dict, needles: dict[str, list[tuple[str, str]]] | None = None, bench: str = "scbench"
+    task: str,
+    index: int,
+    row: dict,
+    needles: dict[str, list[tuple[str, str]]] | None = None,
+    bench: str = "scbench",
+    *,
+    max_turns: int | None = None,
+    source: str = "hub",
 ) -> Context:
-    """The :class:`Context` of row ``index`` of ``task``. ``needles`` (repo -> [(name, source)]) is the
-    repoqa needle pool, required for ``repoqa`` and ``repoqa_and_kv``."""
+    """The :class:`Context` of row ``index`` of ``task``, in SCBench's own assembly (``assembly="scbench"``).
+    ``needles`` (repo -> [(name, source)]) is the repoqa needle pool, required for ``repoqa`` and
+    ``repoqa_and_kv``. ``max_turns``: ask only the first turns (the official ``--max_turns``); None asks
+    every turn. ``source``: ``"hub"`` or ``"generated"``, recorded in the context."""
     if task not in TASKS:
         raise ValueError(f"unknown scbench task {task!r}; valid tasks: {', '.join(TASKS)}")
     turns = row.get("multi_turns")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
         raise _err(task, index, "multi_turns must be a non-empty list of {input, answer} objects")
+    n_turns = len(turns)
+    turns = turns[:max_turns] if max_turns else turns
     body = _body(task, index, row)
     instruction = INSTRUCTIONS.get(task, "")
-    meta: dict[str, Any] = {"row": index, "n_turns": len(turns), "reserve_tokens": _reserve(task, len(turns))}
+    reserve = reserve_tokens(task, n_turns, max_turns)
+    meta: dict[str, Any] = {"row": index, "n_turns": n_turns, "reserve_tokens": reserve}
     if "id" in row and row["id"] is not None:
         meta["id"] = row["id"] if isinstance(row["id"], (int, str)) else str(row["id"])
 
@@ -277,7 +314,7 @@ def build_context(
     if task == "many_shot" and row.get("task") is not None:
         meta["subtask"] = row["task"]
     if task == "mf":
-        instruction = _text(turns[0].get("input"), task, index, "input") + "\n"
+        instruction = _text(turns[0].get("input"), task, index, "input") + "\n\n"
 
     questions = []
     subtasks = []
@@ -325,17 +362,23 @@ def build_context(
         questions.append(Question(str(j), text, "", mnt, refs, scorer_names(key)))
     if subtasks:
         meta["subtasks"] = subtasks
-    return Context(bench, task, str(index), instruction, body, tuple(questions), meta)
+    return Context(
+        bench, task, str(index), instruction, body, tuple(questions), meta, glue="", assembly="scbench",
+        reserve_tokens=reserve, source=source,
+    )  # fmt: skip
 
 
-def needle_pool(task: str, rows: Iterable[dict]) -> dict[str, list[tuple[str, str]]]:
-    """repo -> [(name, source)] over ``rows`` in order: every turn of ``repoqa``, the ``scbench_repoqa``
-    turns of ``repoqa_and_kv``; duplicate pairs dropped."""
+def needle_pool(task: str, rows: Iterable[dict], max_turns: int | None = None) -> dict[str, list[tuple[str, str]]]:
+    """repo -> [(name, source)] over ``rows`` in order, as the official ``compute_scores`` collects needles from
+    the turns it asked: every turn of ``repoqa`` (the first ``max_turns`` of each row when capped), the
+    ``scbench_repoqa`` turns of ``repoqa_and_kv``. Over every row of the task, as in a full official run (a
+    ``--limit`` does not shrink the pool). Duplicate pairs are dropped (they cannot change which needle is
+    the most similar)."""
     pool: dict[str, list[tuple[str, str]]] = {}
     seen: set[tuple[str, str, str]] = set()
     for row in rows:
         repo = row.get("repo")
-        for turn in row.get("multi_turns") or []:
+        for turn in (row.get("multi_turns") or [])[:max_turns]:
             if task == "repoqa_and_kv" and turn.get("task") != "scbench_repoqa":
                 continue
             name, source = turn.get("name"), turn.get("answer")
@@ -349,42 +392,127 @@ def needle_pool(task: str, rows: Iterable[dict]) -> dict[str, list[tuple[str, st
 # --- the bench -------------------------------------------------------------------------------------------
 
 
+def max_turns_setting() -> int | None:
+    """``$KVBENCH_SCBENCH_MAX_TURNS`` (the official ``--max_turns`` cap on the turns asked), None if unset."""
+    text = os.environ.get(MAX_TURNS_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise KvbenchError(f"{MAX_TURNS_ENV}={text!r}: give a positive number of turns (5 is the official cap), "
+                           "or unset it to ask every turn")  # fmt: skip
+    return int(text)
+
+
+def row_measure(tokenizer, task: str) -> Callable[[dict], int]:
+    """``measure(row)``: the tokens a row of ``task`` needs as the model sees it, in SCBench's assembly
+    (:mod:`kvbench.prompt`): its context prompt plus its longest query and that query's ``max_new_tokens``.
+    Generators size their rows with it."""
+    from kvbench.prompt import render
+
+    def measure(row: dict) -> int:
+        ctx = build_context(task, 0, row, needles={}, source="generated")
+        rendered = render(tokenizer, ctx)
+        need = (len(q) + spec.max_new_tokens for q, spec in zip(rendered.question_ids, ctx.questions, strict=True))
+        return len(rendered.context_ids) + max(need)
+
+    return measure
+
+
+class _RowCache:
+    """Generated rows of one (task, length, seed, generator version, tokenizer) in one jsonl file under
+    ``directory``; rows are re-measured on load, and a file that is unreadable, corrupt or whose rows no
+    longer fit is regenerated (written atomically: temp file + rename)."""
+
+    def __init__(self, directory: Path, key: dict) -> None:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        self.path = Path(directory) / f"{key['task']}-{key['length']}-{digest}.jsonl"
+
+    def load(self, length: int, measure: Callable[[dict], int]) -> list[dict]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return []
+        return rows if all(isinstance(r, dict) and measure(r) <= length for r in rows) else []
+
+    def store(self, rows: list[dict]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            warnings.warn(f"kvbench: could not write the SCBench cache {self.path}: {exc}", stacklevel=2)
+            tmp.unlink(missing_ok=True)
+
+
 @register_bench
 class SCBenchBench(Bench):
     """SCBench in shared-context mode; see the module docstring.
 
     data_dir: the directory holding ``scbench/`` (default ``$KVBENCH_DATA_DIR``, read when contexts are
     requested). hub: load a task missing locally from the hub through ``datasets`` (default
-    ``$KVBENCH_SCBENCH_HUB`` == ``"1"``).
+    ``$KVBENCH_SCBENCH_HUB`` == ``"1"``). max_turns: ask only each row's first turns (the official
+    ``--max_turns``; default ``$KVBENCH_SCBENCH_MAX_TURNS``, unset: every turn).
+
+    Where the data comes from, for the whole bench at once: a task's local files when the data directory
+    has SCBench data (a task without files is missing; nothing is generated), else the hub when asked for,
+    else **generated offline** (:mod:`kvbench.tasks.scbench_generate`): kv, mf, prefix_suffix and vt are
+    generated in SCBench's row schema, sized to ``length`` with the model's tokenizer and seeded by ``seed``,
+    and the other tasks are missing. Generated contexts say ``source="generated"``, hub rows ``"hub"``.
     """
 
     name = "scbench"
-    description = "SCBench (12 tasks) in shared-context multi-query mode, official prompts; official + revised scorers."
+    title = "SCBench"
+    description = (
+        "SCBench (12 tasks) in shared-context multi-query mode, official prompts; official + revised scorers. "
+        "Without its data: kv, mf, prefix_suffix, vt generated offline."
+    )
+    cache_dir: Path | str | None = None
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, hub: bool | None = None) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike | None = None, hub: bool | None = None, max_turns: int | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.hub = hub
+        self.max_turns = max_turns
         self._pools: dict[str, dict[str, list[tuple[str, str]]]] = {}
 
     def tasks(self) -> list[str]:
         return list(TASKS)
 
+    def _max_turns(self) -> int | None:
+        return self.max_turns if self.max_turns is not None else max_turns_setting()
+
+    def has_local_data(self) -> bool:
+        """Whether the data directory holds any SCBench task (then nothing is generated)."""
+        root = data_root(self.data_dir)
+        return root is not None and any(find_task_files(root, t) for t in TASKS)
+
     def _source(self, task: str) -> tuple[str, Any]:
-        """("files", [paths]) or ("hub", dataset); raises MissingDataError."""
+        """("files", [paths]), ("hub", dataset) or ("generated", None); raises MissingDataError."""
         root = data_root(self.data_dir)
         files = find_task_files(root, task) if root is not None else []
         if files:
             return "files", files
+        if self.has_local_data():
+            raise _missing(task, root)
         hub = self.hub if self.hub is not None else os.environ.get(HUB_ENV) == "1"
         if not hub:
-            raise _missing(task, root)
+            from kvbench.tasks.scbench_generate import GENERATED_TASKS
+
+            if task in GENERATED_TASKS:
+                return "generated", None
+            raise _missing(task, root, generated_mode=True)
         try:
             import datasets
 
             return "hub", datasets.load_dataset(HUB_ID, f"scbench_{task}", split="test")
         except Exception as e:  # offline, unknown config, ...
+            miss = _missing(task, root)
             raise MissingDataError(
-                f"{_missing(task, root)} (loading {HUB_ID} config scbench_{task} from the hub failed: {e})"
+                reason=f"{miss.reason} (loading {HUB_ID} config scbench_{task} from the hub failed: {e})", fix=_FIX
             ) from e
 
     def _rows(self, source: tuple[str, Any], columns: list[str] | None = None) -> Iterator[dict]:
@@ -393,25 +521,57 @@ class SCBenchBench(Bench):
 
     def _pool(self, task: str, source: tuple[str, Any]) -> dict[str, list[tuple[str, str]]]:
         if task not in self._pools:
-            self._pools[task] = needle_pool(task, self._rows(source, ["repo", "multi_turns"]))
+            rows = self._rows(source, ["repo", "multi_turns"])
+            self._pools[task] = needle_pool(task, rows, self._max_turns())
         return self._pools[task]
 
     def contexts(
         self, task: str, *, length: int, limit: int, seed: int, prompt_length: PromptLength
     ) -> Iterator[Context]:
-        """Yield the first ``limit`` rows of ``task`` as contexts, all turns each. ``length``,
-        ``prompt_length`` and ``seed`` are unused (SCBench items are fixed; the core truncates). An unknown
-        task raises ``ValueError`` and missing data :class:`MissingDataError`, both at once."""
+        """Yield the first ``limit`` rows of ``task`` as contexts, all turns each (or the first
+        ``max_turns``). Hub rows are fixed (``length`` and ``seed`` unused; the prompt is truncated as the
+        official runner does); generated rows are sized to ``length`` with ``prompt_length``'s tokenizer and
+        drawn with ``seed``. An unknown task raises ``ValueError`` and missing data
+        :class:`MissingDataError`, both at once."""
         if task not in TASKS:
             raise ValueError(f"unknown scbench task {task!r}; valid tasks: {', '.join(TASKS)}")
+        max_turns = self._max_turns()
         source = self._source(task)
-        return self._generate(task, limit, source)
+        if source[0] == "generated":
+            return self._generated(task, length, limit, seed, prompt_length, max_turns)
+        return self._from_rows(task, limit, source, max_turns)
 
-    def _generate(self, task: str, limit: int, source: tuple[str, Any]) -> Iterator[Context]:
+    def _from_rows(self, task: str, limit: int, source: tuple[str, Any], max_turns: int | None) -> Iterator[Context]:
         needles = self._pool(task, source) if task in ("repoqa", "repoqa_and_kv") and limit > 0 else None
-        if limit <= 0:
-            return
         for index, row in enumerate(self._rows(source)):
             if index >= limit:
                 break
-            yield build_context(task, index, row, needles, bench=self.name)
+            yield build_context(task, index, row, needles, bench=self.name, max_turns=max_turns)
+
+    def _generated(
+        self, task: str, length: int, limit: int, seed: int, prompt_length: PromptLength, max_turns: int | None
+    ) -> Iterator[Context]:
+        from kvbench.tasks.ruler import tokenizer_fingerprint
+        from kvbench.tasks.scbench_generate import GENERATOR_VERSION, generate_row
+
+        tokenizer = getattr(prompt_length, "tokenizer", None)
+        if tokenizer is None:
+            raise KvbenchError("generating SCBench rows needs kvbench.prompt.prompt_length(tokenizer) (its tokenizer)")
+        measure = row_measure(tokenizer, task)
+        rows: list[dict] = []
+        cache = None
+        if self.cache_dir is not None:
+            key = {"version": GENERATOR_VERSION, "task": task, "length": length, "seed": seed,
+                   "tokenizer": tokenizer_fingerprint(prompt_length)}  # fmt: skip
+            cache = _RowCache(Path(self.cache_dir), key)
+            rows = cache.load(length, measure)
+        fresh = False
+        for index in range(limit):
+            if index >= len(rows):
+                rows.append(generate_row(task, index, length=length, seed=seed, measure=measure))
+                fresh = True
+                if cache is not None and (index + 1) % 8 == 0:
+                    cache.store(rows)
+            yield build_context(task, index, rows[index], {}, bench=self.name, max_turns=max_turns, source="generated")
+        if cache is not None and fresh:
+            cache.store(rows)

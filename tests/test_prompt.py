@@ -99,3 +99,72 @@ def test_prompt_length_counts_the_whole_prompt_in_one_piece():
     assert whole(ctx) == len(tok("I\nb\nQ A", add_special_tokens=False)["input_ids"]) == 5
     assert pieces == 6
     assert whole.text_tokens("I\nb") == 1
+
+
+# --- SCBench's own assembly (context.assembly == "scbench") ------------------------------------------------
+
+
+def _sc(body: str, instruction: str = "Read.\n\n", reserve: int = 0, questions=None) -> Context:
+    questions = questions or (
+        Question("0", "Q one?", "", 4, ("a",), ("string_match_all",)),
+        Question("1", "Q two?", "", 8, ("b",), ("string_match_all",)),
+    )
+    return Context("scbench", "t", "0", instruction, body, tuple(questions), glue="", assembly="scbench",
+                   reserve_tokens=reserve)  # fmt: skip
+
+
+def test_scbench_assembly_is_the_official_text_with_no_separator():
+    """Hand-worked: context = chat head + instruction + body (no "\\n" glue, no end of turn); each query =
+    its text + end of turn + assistant header, appended directly (no "\\n" before it)."""
+    tok = byte_tokenizer()
+    r = render(tok, _sc("    indented body"))
+    assert tok.decode(r.context_ids) == "<|im_start|>user\nRead.\n\n    indented body"
+    assert tok.decode(r.prefix_ids) == "<|im_start|>user\nRead.\n\n"
+    assert [tok.decode(q) for q in r.question_ids] == [
+        "Q one?<|im_end|>\n<|im_start|>assistant\n",
+        "Q two?<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    assert prompt_text(tok, _sc("    indented body"), 1) == tok.decode(r.context_ids + r.question_ids[1])
+    assert prompt_length(tok)(_sc("    indented body")) == len(r.context_ids) + len(r.question_ids[0])
+
+
+def test_scbench_context_is_encoded_in_one_piece():
+    """A BPE tokenizer can merge across the instruction/body seam; the official encodes the whole context
+    prompt in one call, and so does kvbench (the protected prefix is the common part)."""
+    tok = byte_tokenizer()
+    calls = []
+    original = tok.encode
+
+    def spy(text, *a, **kw):
+        calls.append(text)
+        return original(text, *a, **kw)
+
+    tok.encode = spy
+    render(tok, _sc("body text"))
+    assert "<|im_start|>user\nRead.\n\nbody text" in calls
+
+
+def test_scbench_truncation_is_the_official_middle_cut_of_the_whole_context_prompt():
+    tok = byte_tokenizer()
+    body = "".join(chr(ord("a") + i % 26) for i in range(1000))
+    full = render(tok, _sc(body))
+    n = len(full.context_ids)
+    limit = 700
+    reserve = 101  # L = 599, L // 2 = 299: the official keeps 299 + 299 ids (one fewer than L when L is odd)
+    r = render(tok, _sc(body, reserve=reserve), max_length=limit)
+    assert r.truncated_from == n
+    assert r.context_ids == full.context_ids[:299] + full.context_ids[-299:]
+    assert r.prefix_ids == full.prefix_ids  # the head is in the first half, kept whole
+    # L < 0 (the reserve exceeds the model limit): the official cuts nothing; L of 0 or 1 keeps nothing and
+    # fails the official run's own check, so kvbench refuses it
+    assert render(tok, _sc(body, reserve=limit + 5), max_length=limit).context_ids == full.context_ids
+    with pytest.raises(KvbenchError, match="leaves no room"):
+        render(tok, _sc(body, reserve=limit - 1), max_length=limit)
+
+
+def test_scbench_without_chat_template_uses_the_plain_texts():
+    tok = byte_tokenizer()
+    tok.chat_template = None
+    r = render(tok, _sc("body"))
+    assert tok.decode(r.context_ids) == "Read.\n\nbody"
+    assert [tok.decode(q) for q in r.question_ids] == ["Q one?", "Q two?"]

@@ -27,6 +27,7 @@ BASE = {
     "context_sha256": "c0",
     "model_fingerprint": "f0",
     "artifact_sha256": None,
+    "source": None,
 }
 
 

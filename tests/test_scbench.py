@@ -8,6 +8,8 @@ import sys
 import types
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from kvbench.errors import KvbenchError
@@ -15,14 +17,19 @@ from kvbench.scorers import get_scorer, list_scorers
 from kvbench.scorers.scbench_repoqa import parse_repoqa_references
 from kvbench.tasks import Context, get_bench, list_benches
 from kvbench.tasks import scbench as sb
+from kvbench.tasks.scbench_generate import GENERATED_TASKS, hub_schema
 
-FIXTURES = Path(__file__).parent / "fixtures"  # holds scbench/scbench_<task>/test-00000-of-00001.jsonl
+FIXTURES = Path(__file__).parent / "fixtures"  # holds scbench/scbench_<task>/test-00000-of-00001.parquet
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"  # real data for integration, if present
 
 
+def fixture_file(task: str) -> Path:
+    return FIXTURES / "scbench" / f"scbench_{task}" / "test-00000-of-00001.parquet"
+
+
 def rows(task: str) -> list[dict]:
-    path = FIXTURES / "scbench" / f"scbench_{task}" / "test-00000-of-00001.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The fixture rows of ``task`` as the hub's parquet gives them (read with pyarrow, not the loader)."""
+    return pq.read_table(fixture_file(task)).to_pylist()
 
 
 def load(task: str, data_dir=FIXTURES, limit: int = 10, **kw) -> list[Context]:
@@ -36,9 +43,6 @@ def write_jsonl(path: Path, items: list[dict]) -> None:
 
 
 def write_parquet(path: Path, items: list[dict]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(items), path)
 
@@ -104,7 +108,9 @@ def _prediction(task: str, j: int, ctx: Context, template):
 def test_fixture_row_end_to_end(task):
     (ctx,) = load(task)
     assert (ctx.bench, ctx.task, ctx.item) == ("scbench", task, "0")
-    assert ctx.body and ctx.meta["row"] == 0 and ctx.meta["id"] == 0
+    assert ctx.body and ctx.meta["row"] == 0
+    # the hub's vt and prefix_suffix rows have no id (vt: index, input, length)
+    assert ctx.meta.get("id") == (None if task in ("vt", "prefix_suffix") else 0) == rows(task)[0].get("id")
     assert ctx.meta["n_turns"] == len(ctx.questions) == len(rows(task)[0]["multi_turns"])
     assert [q.qid for q in ctx.questions] == [str(j) for j in range(len(ctx.questions))]
     registered = set(list_scorers())
@@ -144,16 +150,16 @@ def test_generation_lengths_and_subtask_scorers():
 
 def test_official_prompts():
     (kv,) = load("kv")
-    assert kv.instruction == "Extract the value corresponding to the specified key in the JSON object below.\n"
+    assert kv.instruction == "Extract the value corresponding to the specified key in the JSON object below.\n\n"
     assert kv.questions[0].text == rows("kv")[0]["multi_turns"][0]["input"]
     (qa,) = load("qa_eng")
-    assert qa.instruction == "Read the book and answer the question. Be very concise in your answer.\n"
+    assert qa.instruction == "Read the book and answer the question. Be very concise in your answer.\n\n"
     assert qa.questions[0].text == "Question: What was the name of the schooner that ran aground?\nAnswer:"
     (zh,) = load("qa_chn")
-    assert zh.instruction == "阅读以下书籍然后回答问题。\n"
+    assert zh.instruction == "阅读以下书籍然后回答问题。\n\n"
     assert zh.questions[0].text == "问题：林晓考入了哪所大学？\n答案："
     (ch,) = load("choice_eng")
-    assert ch.instruction == "Read the book and answer the question.\n"
+    assert ch.instruction == "Read the book and answer the question.\n\n"
     assert ch.questions[1].text == (
         "Question: How many sailors did Mara bring ashore?\nA. two\nB. three\nC. four\nD. eleven\n\n"
         "The the correct answer is"
@@ -161,7 +167,7 @@ def test_official_prompts():
     assert ch.questions[1].references == ("four", "two", "three", "four", "eleven")
     (rq,) = load("repoqa")
     assert rq.instruction.startswith("Based on the function description and code context")
-    assert rq.instruction.endswith("in a code block wrapped by ```:\n")
+    assert rq.instruction.endswith("in a code block wrapped by ```:\n\n")
     for task in ("prefix_suffix", "vt", "many_shot", "summary", "summary_with_needles", "repoqa_and_kv"):
         (ctx,) = load(task)
         assert ctx.instruction == ""
@@ -172,7 +178,7 @@ def test_mf_prefix_question_and_list_body():
     (mf,) = load("mf")
     row = rows("mf")[0]
     assert mf.body == str(row["context"]) == "[47, 3, 88, 12, 5, 61, 29, 74, 2, 56]"
-    assert mf.instruction == row["multi_turns"][0]["input"] + "\n"
+    assert mf.instruction == row["multi_turns"][0]["input"] + "\n\n"
     assert mf.questions[0].text == "What is the largest number of the list?\n\n" + row["multi_turns"][0]["input"]
     assert mf.questions[1].text.startswith("What is the smallest number of the list?\n\n")
     assert [q.references for q in mf.questions] == [("88",), ("2",)]
@@ -194,25 +200,90 @@ def test_many_shot_and_repoqa_meta():
 
 
 @pytest.mark.parametrize("task", sb.TASKS)
-def test_parquet_hub_layout_gives_the_same_contexts(task, tmp_path):
-    write_parquet(tmp_path / "scbench" / f"scbench_{task}" / "test-00000-of-00001.parquet", rows(task))
+@pytest.mark.parametrize("layout", ["jsonl", "inferred-parquet"])
+def test_other_layouts_give_the_same_contexts(task, layout, tmp_path):
+    """The same rows as jsonl (``scbench_<task>/*.jsonl``) or as parquet with types inferred by pyarrow give the
+    contexts of the committed hub-schema parquet."""
+    folder = tmp_path / "scbench" / f"scbench_{task}"
+    if layout == "jsonl":
+        write_jsonl(folder / "test-00000-of-00001.jsonl", rows(task))
+    else:
+        write_parquet(folder / "test-00000-of-00001.parquet", rows(task))
     assert load(task, data_dir=tmp_path) == load(task)
 
 
-def test_parquet_field_types_follow_the_card(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+_S, _I = pa.string(), pa.int64()
 
-    for task in ("mf", "choice_eng", "repoqa_and_kv"):
-        write_parquet(tmp_path / f"scbench_{task}" / "test-00000-of-00001.parquet", rows(task))
-    mf = pq.read_schema(tmp_path / "scbench_mf" / "test-00000-of-00001.parquet")
-    assert pa.types.is_list(mf.field("context").type) and mf.field("context").type.value_type == pa.int64()
-    assert mf.field("multi_turns").type.value_type.field("answer").type == pa.int64()
-    ch = pq.read_schema(tmp_path / "scbench_choice_eng" / "test-00000-of-00001.parquet")
-    assert ch.field("multi_turns").type.value_type.field("options").type.value_type == pa.string()
+
+def _turns(*fields: tuple[str, pa.DataType]) -> pa.DataType:
+    return pa.list_(pa.struct([pa.field(name, kind) for name, kind in fields]))
+
+
+_QA = _turns(("answer", _S), ("input", _S))
+#: The hub's parquet schema per config. From the card's ``dataset_info`` (rev 283310b): kv, prefix_suffix,
+#: qa_eng, qa_chn, choice_eng, many_shot, mf (column order as the card lists them); vt as
+#: :mod:`kvbench.tasks.scbench_generate` documents it (``index``, ``input``, ``length``, no ``id``); repoqa,
+#: summary and the mixed tasks from the fields the official runner reads (``id`` int64 as elsewhere; their
+#: column order is not verified).
+HUB_SCHEMAS = {
+    "kv": pa.schema([("id", _I), ("context", _S), ("multi_turns", _QA)]),
+    "prefix_suffix": pa.schema([("context", _S), ("multi_turns", _QA)]),
+    "vt": pa.schema(
+        [("index", _I), ("input", _S), ("length", _I), ("multi_turns", _turns(("answer", pa.list_(_S)), ("input", _S)))]
+    ),
+    "repoqa": pa.schema(
+        [
+            ("id", _I),
+            ("lang", _S),
+            ("repo", _S),
+            ("context", _S),
+            ("multi_turns", _turns(("answer", _S), ("input", _S), ("name", _S))),
+        ]
+    ),
+    "qa_eng": pa.schema([("context", _S), ("multi_turns", _QA), ("id", _I)]),
+    "qa_chn": pa.schema([("context", _S), ("multi_turns", _QA), ("id", _I)]),
+    "choice_eng": pa.schema(
+        [("context", _S), ("multi_turns", _turns(("answer", _S), ("input", _S), ("options", pa.list_(_S)))), ("id", _I)]
+    ),
+    "many_shot": pa.schema([("context", _S), ("multi_turns", _QA), ("id", _I), ("task", _S)]),
+    "summary": pa.schema([("context", _S), ("multi_turns", _QA), ("id", _I)]),
+    "mf": pa.schema([("id", _I), ("context", pa.list_(_I)), ("multi_turns", _turns(("answer", _I), ("input", _S)))]),
+    "summary_with_needles": pa.schema(
+        [("context", _S), ("multi_turns", _turns(("answer", _S), ("input", _S), ("task", _S))), ("id", _I)]
+    ),
+    "repoqa_and_kv": pa.schema(
+        [
+            ("id", _I),
+            ("lang", _S),
+            ("repo", _S),
+            ("context", _S),
+            ("multi_turns", _turns(("answer", _S), ("input", _S), ("name", _S), ("task", _S))),
+        ]
+    ),
+}
+
+
+@pytest.mark.parametrize("task", sb.TASKS)
+def test_fixture_parquet_has_the_hub_schema(task):
+    schema = pq.read_schema(fixture_file(task))
+    assert schema.remove_metadata() == HUB_SCHEMAS[task]
+    assert ("id" in schema.names) == (task not in ("vt", "prefix_suffix"))
+    if task in GENERATED_TASKS:  # the offline generator writes the same schema
+        assert hub_schema(task) == HUB_SCHEMAS[task]
+
+
+def test_parquet_field_types_follow_the_card():
+    (mf,) = sb.iter_rows([fixture_file("mf")])
+    assert mf["context"] == [47, 3, 88, 12, 5, 61, 29, 74, 2, 56] and mf["multi_turns"][0]["answer"] == 88
+    (ch,) = sb.iter_rows([fixture_file("choice_eng")])
+    assert ch["multi_turns"][1]["options"] == ["two", "three", "four", "eleven"]
+    (vt,) = sb.iter_rows([fixture_file("vt")])
+    assert set(vt) == {"index", "input", "length", "multi_turns"} and vt["multi_turns"][0]["answer"] == [
+        "QXHVE", "ZLPRA", "MKTUW"
+    ]  # fmt: skip
     # mixed turns share one struct: kv turns get name=None in parquet, which the loader accepts
-    rkv = sb.iter_rows([tmp_path / "scbench_repoqa_and_kv" / "test-00000-of-00001.parquet"])
-    assert next(rkv)["multi_turns"][1]["name"] is None
+    (rkv,) = sb.iter_rows([fixture_file("repoqa_and_kv")])
+    assert rkv["multi_turns"][1]["name"] is None and rkv["multi_turns"][1]["task"] == "scbench_kv"
 
 
 @pytest.mark.parametrize("where", ["data/scbench_kv.jsonl", "scbench_kv.jsonl", "scbench_kv/part.jsonl"])
@@ -241,18 +312,21 @@ def test_limit_counts_rows_and_seed_length_unused(tmp_path):
 
 
 def test_missing_task_names_path_and_fix(tmp_path):
-    (tmp_path / "scbench").mkdir()
+    """The data directory holds SCBench data (another task): a task without files there is missing (it is
+    not generated), and the error names the task, where it looked, and how to supply the data."""
+    write_jsonl(tmp_path / "scbench" / "scbench_qa_eng" / "t.jsonl", rows("qa_eng"))
     with pytest.raises(sb.MissingDataError) as err:
         sb.SCBenchBench(data_dir=tmp_path).contexts("kv", length=0, limit=1, seed=0, prompt_length=None)
     assert isinstance(err.value, KvbenchError)
     msg = str(err.value)
-    assert str(tmp_path / "scbench" / "scbench_kv") in msg
+    assert f"no scbench_kv data under {tmp_path / 'scbench'}" in msg and "scbench_kv/*.parquet" in msg
     assert "--data-dir" in msg and "KVBENCH_DATA_DIR" in msg and sb.HUB_ENV in msg and "microsoft/SCBench" in msg
 
 
 def test_missing_when_no_data_dir_is_set():
-    with pytest.raises(sb.MissingDataError, match="neither --data-dir nor"):
-        get_bench("scbench").contexts("kv", length=0, limit=1, seed=0, prompt_length=None)
+    """No data directory and no hub: a task kvbench does not generate is missing, and says so."""
+    with pytest.raises(sb.MissingDataError, match="needs SCBench's hub data \\(no SCBench data given"):
+        get_bench("scbench").contexts("qa_eng", length=0, limit=1, seed=0, prompt_length=None)
 
 
 def _fake_datasets(monkeypatch, loader):
@@ -372,9 +446,7 @@ def test_real_data_first_row_if_present(task, tmp_path):
 
 def test_fixture_dir_is_the_hub_layout():
     for task in sb.TASKS:
-        assert sb.find_task_files(FIXTURES / "scbench", task) == [
-            FIXTURES / "scbench" / f"scbench_{task}" / "test-00000-of-00001.jsonl"
-        ]
+        assert sb.find_task_files(FIXTURES / "scbench", task) == [fixture_file(task)]
 
 
 # --- through the core's renderer ---------------------------------------------------------------------------
@@ -388,11 +460,11 @@ def test_rendered_prompt_matches_the_official_scdq_layout():
     (ctx,) = load("qa_chn")
     r = render(tok, ctx)
     text = tok.decode(r.prefix_ids + r.body_ids + r.question_ids[0])
-    # official: chat head + "阅读以下书籍然后回答问题。\n\n" + context, then the query (the core adds one "\n")
+    # official scdq: chat head + "阅读以下书籍然后回答问题。\n\n" + context, then the query appended directly
     assert text == (
         "<|im_start|>user\n阅读以下书籍然后回答问题。\n\n"
         + ctx.body
-        + "\n问题：林晓考入了哪所大学？\n答案：<|im_end|>\n<|im_start|>assistant\n"
+        + "问题：林晓考入了哪所大学？\n答案：<|im_end|>\n<|im_start|>assistant\n"
     )
     for task in sb.TASKS:
         (ctx,) = load(task)

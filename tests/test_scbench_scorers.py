@@ -3,9 +3,9 @@ fuzzing of every scorer on arbitrary text."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,7 +23,8 @@ def both(key: str, prediction: str, references) -> tuple[float, float]:
 
 
 def _row(task: str) -> dict:
-    return json.loads((FIXTURES / f"scbench_{task}" / "test-00000-of-00001.jsonl").read_text(encoding="utf-8"))
+    (row,) = pq.read_table(FIXTURES / f"scbench_{task}" / "test-00000-of-00001.parquet").to_pylist()
+    return row
 
 
 _REPO = _row("repoqa")["multi_turns"]

@@ -54,9 +54,10 @@ from kvbench.results import (
 
 __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]
 
-#: A comparable setting: rows of one (model, weights, engine, bench, prompt length, seed) are compared.
-SETTING = ["model", "model_fingerprint", "engine", "bench", "length", "seed"]
-_STR = ["model", "engine", "bench", "task", "method", "allocation", "item", "question", "model_fingerprint",
+#: A comparable setting: rows of one (model, weights, engine, bench, source, prompt length, seed) are compared;
+#: ``source`` keeps a bench's generated items (SCBench offline) apart from its hub items ("None": one source).
+SETTING = ["model", "model_fingerprint", "engine", "bench", "source", "length", "seed"]
+_STR = ["model", "engine", "bench", "source", "task", "method", "allocation", "item", "question", "model_fingerprint",
         "context_sha256", "length", "seed", "artifact_sha256", "label", "scorer", "sub",
         "default_allocation"]  # fmt: skip
 _FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full_bytes", "n_context", "prefill_s",
@@ -66,7 +67,7 @@ COLUMNS = [*_STR, *_FLOAT, *_BOOL]
 #: (index in kvbench.results.ROW_KEY, column) of the key's str columns (``p`` is a float column)
 _KEY_STR = [(i, c) for i, c in enumerate(ROW_KEY) if c != "p"]
 _KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (ROW_KEY.index(c) for c in ("p", "method", "allocation", "task"))
-_MISSING = {"length": "n/a", "seed": "n/a"}
+_MISSING = {"length": "n/a", "seed": "n/a", "source": "None"}
 REVISED = "_revised"
 
 
@@ -312,8 +313,25 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.real_fork]
 
 
-def setting_title(key: Sequence[str]) -> str:
-    """A section header for one SETTING tuple: ``model (fingerprint) · engine · bench · length L · seed S``."""
-    model, fingerprint, engine, bench, length, seed = key
+def bench_label(bench: str, source: str, tasks: Sequence[str] = ()) -> str:
+    """How a section names its bench: the bench's title (:func:`kvbench.tasks.bench_title`), and for generated
+    items of a bench with more than one source ``"<title> (generated offline: <tasks>)"`` (no list without
+    ``tasks``)."""
+    from kvbench.tasks import bench_title
+
+    title = bench_title(bench)
+    if source == "generated":
+        return (
+            f"{title} (generated offline: {', '.join(sorted(map(str, tasks)))})"
+            if tasks
+            else f"{title} (generated offline)"
+        )
+    return title
+
+
+def setting_title(key: Sequence[str], tasks: Sequence[str] = ()) -> str:
+    """A section header for one SETTING tuple: ``model (fingerprint) · engine · bench · length L · seed S``
+    (``tasks``: the section's tasks, named for generated items, see :func:`bench_label`)."""
+    model, fingerprint, engine, bench, source, length, seed = key
     weights = f" ({fingerprint[:12]})" if fingerprint else ""
-    return f"{model}{weights} · {engine} · {bench} · length {length} · seed {seed}"
+    return f"{model}{weights} · {engine} · {bench_label(bench, source, tasks)} · length {length} · seed {seed}"

@@ -94,8 +94,19 @@ def _fmt(x: float, digits: int = 1, sign: bool = False) -> str:
 
 
 def _slug(key: tuple) -> str:
-    model, fp, engine, bench, length, seed = key
-    return _file_name([model, fp[:8], engine, bench, f"L{length}", f"s{seed}"])
+    model, fp, engine, bench, source, length, seed = key
+    return _file_name([model, fp[:8], engine, *_bench_parts(bench, source), f"L{length}", f"s{seed}"])
+
+
+def _group_slug(key: tuple) -> str:
+    """A file name for one ``tables.GROUP`` tuple."""
+    engine, bench, source, length, seed = key
+    return _file_name([engine, *_bench_parts(bench, source), length, seed])
+
+
+def _bench_parts(bench: str, source: str) -> list[str]:
+    """A file name's bench part: the bench, and its source where the rows name one."""
+    return [bench] if source == "None" else [bench, source]
 
 
 def _file_name(parts) -> str:
@@ -154,7 +165,7 @@ def _ci(ci: pd.DataFrame, slug: str, title: str, ref: str) -> Table:
 
 def _across(across: pd.DataFrame, agree: pd.DataFrame, key: tuple) -> list[Table]:
     """The across-models views of one GROUP (:func:`kvbench.report.terminal.across_shown`)."""
-    title, slug = group_title(key), _file_name(key)
+    title, slug = group_title(key), _group_slug(key)
     shown, note = across_shown(across)
     tables = [Table(f"across-{slug}", f"Across models (mean over {common_tasks(across)}) — {title}", across,
                     shown, note, kind="across")]  # fmt: skip
@@ -298,7 +309,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         return frame[(frame[SETTING].astype(str) == pd.Series(key, index=SETTING)).all(axis=1)]
 
     for key, c in cells.groupby(SETTING, sort=True):
-        title, slug = setting_title(key), _slug(key)
+        title, slug = setting_title(key, sorted(c.task.unique())), _slug(key)
         sec = Section(title)
         a, b = of(avg, key), of(ci, key)
         if opt.figures:
@@ -334,7 +345,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
             job = ("across", g, f"mean over {common_tasks(g)} — {group_title(key)}", palette, T.model_names(g))
             caption = ("Each model's panel: every method's mean over the tasks all models have; a method that "
                        "lacks one of them on a model is not drawn there.")  # fmt: skip
-            jobs.append((len(sections), 0, f"models-{_file_name(key)}", "Side by side across models", caption, job))
+            jobs.append((len(sections), 0, f"models-{_group_slug(key)}", "Side by side across models", caption, job))
             sec.blocks.insert(0, None)
         sections.append(sec)
     for (i, j, name, fig_title, caption, _), (png, pdf) in zip(jobs, _draw_all([x[-1] for x in jobs]), strict=True):

@@ -10,7 +10,7 @@ task the mean of its sub-tasks). Every function takes row dicts or the DataFrame
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from kvbench.report.data import SETTING, frame, setting_title, usable
+from kvbench.report.data import SETTING, bench_label, frame, setting_title, usable
 from kvbench.report.tables import FULL, across_groups, model_names, task_scores
 
 __all__ = ["RANDOM_WARNING", "as_frame", "missing_lines", "render_markdown", "render_rich", "summarize", "write_report"]
@@ -62,7 +62,7 @@ def _tables(rows: Rows, across: bool = True) -> list[_Table]:
         labels = sorted(g.label.unique())
         tasks = sorted(g.task.unique())
         columns = ["method [allocation]", *(f"p={float(p)}" for p in ps)]
-        section = setting_title(key)
+        section = setting_title(key, tasks)
         for task, t in g.groupby("task", sort=True):
             score = t.set_index(["label", "p"]).score
             cells = [[lab, *(f"{score[lab, p]:.1f}" if (lab, p) in score else "" for p in ps)] for lab in labels]
@@ -75,10 +75,10 @@ def _tables(rows: Rows, across: bool = True) -> list[_Table]:
     return tables + (_across_tables(df) if across else [])
 
 
-def group_title(key: tuple) -> str:
+def group_title(key: tuple, tasks: Sequence[str] = ()) -> str:
     """A title for one ``tables.GROUP`` tuple (a setting less its model)."""
-    engine, bench, length, seed = key
-    return f"{engine} · {bench} · length {length} · seed {seed}"
+    engine, bench, source, length, seed = key
+    return f"{engine} · {bench_label(bench, source, tasks)} · length {length} · seed {seed}"
 
 
 def common_tasks(across: pd.DataFrame, word: str = "common task") -> str:
