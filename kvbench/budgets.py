@@ -25,7 +25,7 @@ engine (selection runs on the method's scores, not inside an engine).
 from __future__ import annotations
 
 import math
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import Sequence
 
 import torch
@@ -68,6 +68,13 @@ def per_head_budget(n: int, prot: int, p: float) -> int:
     if m < 0:
         raise ValueError(f"protected prefix {prot} exceeds context length {n}")
     return int((Decimal(repr(float(p))) * m).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def smallest_p(m: int, decimals: int = 4) -> float:
+    """The smallest p of ``decimals`` decimals whose :func:`per_head_budget` keeps one of ``m`` >= 1 body entries:
+    ``p * m >= 0.5`` (half up), rounded up to ``decimals`` decimals."""
+    p = float((Decimal(1) / (2 * m)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_CEILING))
+    return min(p, 1.0)
 
 
 def total_budget(n: int, prot: int, p: float, n_layers: int, n_kv_heads: int) -> int:

@@ -7,6 +7,7 @@ without a traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -74,7 +75,7 @@ def run(
         help="Target prompt length in tokens for generated benches (default: the model's trained context "
         "length when it states one, e.g. 1024 for tiny-trained, else 4096).",
     ),
-    seed: int = typer.Option(42, "--seed", help="Data and method seed."),
+    seed: int = typer.Option(42, "--seed", help="Data and method seed (0 to 2**32 - 1)."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
     device: str = typer.Option("cpu", "--device", metavar="[cpu|cuda|cuda:N|mps]", help="torch device."),
@@ -148,7 +149,7 @@ def run(
         failed = False
         for name in models:  # one model after another, like a plain run
             ray_summary = run_ray(replace(config, model=name), options, console=err_console)
-            for line in describe(ray_summary, out):
+            for line in describe(ray_summary, out):  # markup of its own, user strings escaped
                 err_console.print(line, soft_wrap=True)
             failed = failed or bool(ray_summary.failed)
         if failed:
@@ -157,7 +158,7 @@ def run(
     summary = run_models(config, models, console=err_console)
     err_console.print(
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
-        f"{summary.contexts} contexts -> {summary.path}",
+        f"{summary.contexts} contexts -> {escape(str(summary.path))}",
         soft_wrap=True,
     )
 
@@ -249,7 +250,12 @@ def report(
             raise KvbenchError(f"--cost {cost_path}: not a `kvbench cost` JSON file ({exc})") from None
     df, missing, notes = load(dirs)
     for note in notes:
-        err_console.print(f"[yellow]note: {note}[/yellow]", soft_wrap=True)
+        err_console.print(f"note: {note}", style="yellow", markup=False, soft_wrap=True)
+    if df.empty:
+        raise KvbenchError(
+            f"no result rows in {', '.join(map(str, dirs))} (a run that stopped before its first row writes none): "
+            f"run `kvbench run --out {dirs[0]}` first"
+        )
     tables = render_rich(df)
     # never squeeze a table into a narrow (or non-terminal, 80-column) console: labels would be cut
     need = max((sum(max(len(c.header), 8) + 3 for c in t.columns) + 20 for t in tables), default=0)
@@ -264,8 +270,8 @@ def report(
         reason = exc.strerror or exc
         raise KvbenchError(f"cannot write the report into {out} ({reason}); choose another --out") from None
     for line in missing_lines(df, missing):
-        console.print(line.replace("**", ""), style="yellow")
-    err_console.print(f"report written to {out / 'report.md'}; open {index}", soft_wrap=True)
+        console.print(line.replace("**", ""), style="yellow", markup=False)
+    err_console.print(f"report written to {out / 'report.md'}; open {index}", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -326,7 +332,7 @@ def cost(
                 )
         console.print(storage)
     meta = {"model": lm.name, "fingerprint": lm.fingerprint, "repeats": repeats, "threads": torch.get_num_threads()}
-    err_console.print(f"written to {save_cost(rows, out, meta)}")
+    err_console.print(f"written to {save_cost(rows, out, meta)}", markup=False)
 
 
 class Calibratable(str, Enum):
@@ -362,7 +368,8 @@ def calibrate(
     path = stats.save_stats(out or triattention.default_stats_path(lm.fingerprint))
     err_console.print(
         f"calibrated {method.value} on {stats.metadata['n_tokens']} tokens of {stats.metadata['n_documents']} "
-        f"documents (each at most {stats.metadata['max_len']} tokens) for {lm.name} -> {path}"
+        f"documents (each at most {stats.metadata['max_len']} tokens) for {lm.name} -> {path}",
+        markup=False,
     )
 
 
@@ -437,7 +444,7 @@ def train_tiny(
         resume=resume, save_every=save_every, threads=threads,
         mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch, tokenizer=tok,
     )  # fmt: skip
-    err_console.print(f"[green]done:[/green] model in {final}")
+    err_console.print(f"[green]done:[/green] model in {escape(str(final))}")
     target = T.export_builtin(final, export, note=note) if export else final
     if eval_limit > 0:
         length = json.loads((final / "kvbench_builtin.json").read_text())["context_length"]
@@ -448,7 +455,7 @@ def train_tiny(
         if export:
             T.export_builtin(final, export, evaluation=scores, note=note)
     if export:
-        err_console.print(f"[green]exported:[/green] {export}")
+        err_console.print(f"[green]exported:[/green] {escape(str(export))}")
 
 
 ruler_app = typer.Typer(no_args_is_help=True, help="RULER: write kvbench's RULER items in RULER's own jsonl schema.")
@@ -496,7 +503,75 @@ def ruler_generate(
     elif not getattr(tok, "chat_template", None):
         raise KvbenchError(f"--tokenizer {tokenizer} has no chat template; use --template base")
     n = write_ruler_jsonl(tok, task, length=length, limit=limit, seed=seed, out=out, sampling=sampling)
-    err_console.print(f"[green]done:[/green] {n} {task} samples -> {out}")
+    err_console.print(f"[green]done:[/green] {n} {escape(task)} samples -> {escape(str(out))}")
+
+
+scbench_app = typer.Typer(
+    no_args_is_help=True, help="SCBench: generate kv, mf, prefix_suffix and vt rows offline, in the hub's layout."
+)
+
+
+@scbench_app.command("generate")
+def scbench_generate(
+    task: str = typer.Option(..., "--task", "-t", help="Task(s), comma separated: kv, mf, prefix_suffix, vt."),
+    length: Optional[int] = typer.Option(
+        None,
+        "--length",
+        help="Tokens a row may need as the model sees it (context prompt + longest question + its answer); "
+        "default: the model's trained context length when it states one, else 4096.",
+    ),
+    limit: int = typer.Option(100, "--limit", "-n", help="Rows per task."),
+    seed: int = typer.Option(42, "--seed", help="Data seed (0 to 2**32 - 1)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Directory: writes DIR/scbench_<task>/test-00000-of-00001.parquet (e.g. DATA/scbench)."
+    ),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="Model whose tokenizer sizes the rows: built-in name or local directory (default: tiny-trained).",
+    ),
+) -> None:
+    """Generate SCBench rows of kv, mf, prefix_suffix and vt (kvbench's own draws in SCBench's row schema),
+    each sized to --length with the model's tokenizer, and write them in the hub's parquet layout (read them
+    back with `kvbench run --bench scbench --data-dir DATA` when --out is DATA/scbench)."""
+    import json
+
+    from kvbench.models import BUILTIN_MODELS, DEFAULT_LENGTH, DEFAULT_MODEL, materialize_builtin
+    from kvbench.tasks.scbench import row_measure
+    from kvbench.tasks.scbench_generate import GENERATED_TASKS, SEED_RANGE, generate_rows, write_hub_layout
+
+    tasks = _split(task) or []
+    if not tasks or any(t not in GENERATED_TASKS for t in tasks) or len(set(tasks)) != len(tasks):
+        bad = [t for t in tasks if t not in GENERATED_TASKS] or ["(none or repeated)"]
+        raise KvbenchError(f"--task {', '.join(bad)}: give one or more of {', '.join(GENERATED_TASKS)}, each once")
+    if limit < 1:
+        raise KvbenchError(f"--limit {limit}: give the number of rows per task, at least 1")
+    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+        raise KvbenchError(f"--seed {seed}: give an integer from {SEED_RANGE[0]} to {SEED_RANGE[1] - 1}")
+    if length is not None and length < 1:
+        raise KvbenchError(f"--length {length}: give a positive number of tokens")
+    if out.exists() and not out.is_dir():
+        raise KvbenchError(f"--out {out} is a file; give a directory")
+    name = model or DEFAULT_MODEL
+    path = materialize_builtin(name) if name in BUILTIN_MODELS else Path(name)
+    if not path.is_dir():
+        raise KvbenchError(f"--model {name}: not a built-in model ({', '.join(BUILTIN_MODELS)}) nor a local directory")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as exc:
+        raise KvbenchError(f"--model {name}: cannot load its tokenizer ({exc})") from None
+    if length is None:
+        marker = path / "kvbench_builtin.json"
+        length = (json.loads(marker.read_text()).get("context_length") if marker.is_file() else None) or DEFAULT_LENGTH
+    # every row first, so that bad input (a --length too short for any row) writes nothing
+    rows = {
+        t: list(generate_rows(t, length=length, limit=limit, seed=seed, measure=row_measure(tok, t))) for t in tasks
+    }
+    for t in tasks:
+        written = write_hub_layout(t, rows[t], out)
+        console.print(f"{written}: {len(rows[t])} rows", markup=False, highlight=False, soft_wrap=True)
 
 
 results_app = typer.Typer(no_args_is_help=True, help="Results directories: bring an older kvbench's rows up to date.")
@@ -521,12 +596,12 @@ def results_upgrade(
             line = f"{up.path}: {up.current} current rows kept, {verb} {up.upgraded}"
             if not up.changed:
                 line = f"{up.path}: {up.current} rows, all current; nothing to do"
-            console.print(line, soft_wrap=True)
+            console.print(line, markup=False, soft_wrap=True)
             for reason, n in up.left_out.items():
                 verb = "would remove" if dry_run else "removed"
-                console.print(f"  {verb} {n}: {reason}", style="yellow", soft_wrap=True)
+                console.print(f"  {verb} {n}: {reason}", style="yellow", markup=False, soft_wrap=True)
             if up.backup is not None:
-                console.print(f"  original saved as {up.backup}", soft_wrap=True)
+                console.print(f"  original saved as {up.backup}", markup=False, soft_wrap=True)
 
 
 def _mount_subcommands() -> None:
@@ -534,6 +609,7 @@ def _mount_subcommands() -> None:
 
     app.add_typer(gatesight_app, name="gatesight", help="GateSight: utility labels, estimator training, evaluation.")
     app.add_typer(ruler_app, name="ruler")
+    app.add_typer(scbench_app, name="scbench")
     app.add_typer(results_app, name="results")
 
 
@@ -558,6 +634,31 @@ def _bare_option(args: list[str], option: str, value: str) -> list[str]:
     return out
 
 
+class _Sigterm:
+    """While in use, SIGTERM stops the app as Ctrl-C does (a KeyboardInterrupt: a run keeps its rows and prints how
+    to resume); :meth:`exit_code` then turns Ctrl-C's 130 into 143 (128 + SIGTERM)."""
+
+    def __enter__(self) -> _Sigterm:
+        self.received = False
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: SIGTERM keeps its handler
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def exit_code(self, code: int) -> int:
+        """``code``, or 143 for an interruption (130) that SIGTERM caused."""
+        return 128 + signal.SIGTERM if self.received and code == 130 else code
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
     from kvbench.engines.hf_adapters import quiet_kernel_warnings
@@ -565,13 +666,14 @@ def main() -> None:
     quiet_kernel_warnings()
     sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")
     try:
-        code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
+        with _Sigterm() as sigterm:
+            code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
     except KvbenchError as exc:
         # one line, never wrapped (an 80-column non-terminal stderr would cut it), markup in it kept literal
         err_console.print("[bold red]error:[/bold red] " + escape(str(exc)), soft_wrap=True)
         raise SystemExit(2) from None
     except (KeyboardInterrupt, click.exceptions.Abort):
-        raise SystemExit(130) from None
+        raise SystemExit(sigterm.exit_code(130)) from None
     except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except USAGE_ERRORS as exc:  # one line too, naming where the valid usage is listed
@@ -582,7 +684,7 @@ def main() -> None:
         exc.show()
         raise SystemExit(exc.exit_code) from None
     if isinstance(code, int) and code:
-        raise SystemExit(code)
+        raise SystemExit(sigterm.exit_code(code))
 
 
 if __name__ == "__main__":

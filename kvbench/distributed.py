@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.errors import KvbenchError
@@ -328,10 +329,12 @@ def _summarize(
 
 
 def describe(summary: RaySummary, out: Path) -> list[str]:
-    """The final lines ``kvbench run --ray`` prints: the totals, then any retried or failed shard."""
+    """The final lines ``kvbench run --ray`` prints (rich markup; the path and errors escaped): the totals, then any
+    retried or failed shard."""
     lines = [
         f"[green]done:[/green] {summary.rows_written} rows written, {summary.rows_skipped} already present, "
-        f"{summary.contexts} contexts in {summary.shards - len(summary.failed)} of {summary.shards} shards -> {out}"
+        f"{summary.contexts} contexts in {summary.shards - len(summary.failed)} of {summary.shards} shards -> "
+        f"{escape(str(out))}"
     ]
     for shard, n in summary.retries.items():
         lines.append(
@@ -340,7 +343,7 @@ def describe(summary: RaySummary, out: Path) -> list[str]:
         )
     for shard, error in summary.failed.items():
         lines.append(
-            f"[red]shard {shard}/{summary.shards} failed: {error}; its finished rows are kept, rerun the same "
+            f"[red]shard {shard}/{summary.shards} failed: {escape(error)}; its finished rows are kept, rerun the same "
             "command to resume it[/red]"
         )
     return lines

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
 from kvbench.engines.torch_engine import ATTN_IMPL
@@ -223,6 +224,17 @@ def check_device(device: str) -> None:
     raise ModelError(f"--device {device}: not available here; kvbench runs on cpu, cuda[:N] (or mps)")
 
 
+def _check_finite(model: torch.nn.Module, name: str) -> None:
+    """Refuse weights holding NaN or infinite values (a broken checkpoint), naming the model and the first such
+    tensor: every row of such a model would be garbage (an empty prediction, then NaN scores blamed on a method)."""
+    for tensor_name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ModelError(
+                f"--model {name}: its weights hold NaN or infinite values (first in {tensor_name}); the checkpoint "
+                "is broken: replace it, or choose another --model"
+            )
+
+
 def _check_local_checkpoint(path: Path) -> None:
     """Refuse a local ``--model`` path that is not a checkpoint directory, naming what is missing."""
     if not path.is_dir():
@@ -290,9 +302,10 @@ def load_model(name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dt
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or corrupt weights file
         raise ModelError(f"--model {name_or_path}: cannot load its weights ({_one_line(exc)})") from None
     model = model.to(device).eval()
+    _check_finite(model, name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:

@@ -5,9 +5,11 @@ Files of a results directory ``<out>``:
 * ``results.jsonl`` (an unsharded run) or ``results.shard-{i}-of-{N}.jsonl`` (``--shard i/N``, N > 1):
   one row per line. Each results file has ONE writer (:class:`ResultsStore`), enforced by an exclusive
   ``fcntl.flock`` on ``<results file>.lock`` (which holds the writer's pid and command); a second writer
-  gets a :class:`ResultsError` naming that pid. Rows are appended with a single ``os.write`` + ``fsync``
+  gets a :class:`ResultsError` naming that pid. A results file that is a symbolic link or has several hard
+  links is refused (a second name would get a lock of its own). Rows are appended with a single ``os.write`` + ``fsync``
   each, so a crash can at worst leave one partial last line; only the writer, holding the lock, sets such
-  a line aside (``<file>.partial-<pid>-<ns>``) and truncates the file back to its last complete row.
+  a line aside (``<file>.partial-<pid>-<ns>``) and truncates the file back to its last complete row, at its
+  first append: a writer that ends before its first row leaves the directory as it was.
 * ``manifest.json`` / ``missing.json``: rewritten by writers only, under the directory's ``meta.lock``,
   through a unique temporary file in the same directory and ``os.replace``.
 
@@ -26,6 +28,7 @@ import json
 import operator
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
@@ -76,9 +79,12 @@ LEGACY_KEY: tuple[str, ...] = (
 #: ``context_sha256`` the SHA-256 of the context's token ids, ``model_fingerprint`` the weights' (dtype
 #: included) fingerprint of :func:`kvbench.models.fingerprint`, ``artifact_sha256`` the SHA-256 of the offline
 #: artifact the method scored with (:meth:`kvbench.methods.EvictionMethod.artifact_sha256`; null for a method
-#: without one).
-ROW_KEY: tuple[str, ...] = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint", "artifact_sha256")
-_NEW_KEY = ROW_KEY[len(LEGACY_KEY) :]
+#: without one). ``source`` tells a bench's generated items from its dataset's (SCBench: ``"generated"`` /
+#: ``"hub"``); it is one of :data:`OPTIONAL_KEY`, fields a row written before them lacks and reads as null.
+_REQUIRED_KEY = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint", "artifact_sha256")
+OPTIONAL_KEY: tuple[str, ...] = ("source",)
+ROW_KEY: tuple[str, ...] = (*_REQUIRED_KEY, *OPTIONAL_KEY)
+_NEW_KEY = _REQUIRED_KEY[len(LEGACY_KEY) :]
 RESULTS_GLOB = "results*.jsonl"
 _RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
 
@@ -95,17 +101,22 @@ def results_name(shard: tuple[int, int] = (0, 1)) -> str:
 
 _KEY_FIELDS = operator.itemgetter(*ROW_KEY)
 _P = ROW_KEY.index("p")
+#: Decimals of ``p`` in a row's identity (``kvbench run`` refuses a p with more: two would share rows).
+P_DECIMALS = 4
 
 
 def row_key(row: Mapping[str, Any]) -> tuple:
-    """The identity of a row: its ROW_KEY fields, ``p`` rounded to 4 decimals, everything else ``str``."""
+    """The identity of a row: its ROW_KEY fields, ``p`` rounded to P_DECIMALS decimals, everything else ``str``."""
     try:
         values = list(map(str, _KEY_FIELDS(row)))
     except KeyError:
-        missing = [k for k in ROW_KEY if k not in row]
-        raise ResultsError(f"row is missing key field(s) {missing}; every row needs all of {list(ROW_KEY)}") from None
+        if all(k in row for k in _REQUIRED_KEY):  # a row from before an optional key field: it reads as null
+            return row_key({**row, **{k: None for k in OPTIONAL_KEY if k not in row}})
+        missing = [k for k in _REQUIRED_KEY if k not in row]
+        needed = list(_REQUIRED_KEY)
+        raise ResultsError(f"row is missing key field(s) {missing}; every row needs all of {needed}") from None
     try:
-        values[_P] = round(float(row["p"]), 4)
+        values[_P] = round(float(row["p"]), P_DECIMALS)
     except (TypeError, ValueError):
         raise ResultsError(f"row field p={row['p']!r} is not a number (the kept fraction, e.g. 0.5)") from None
     return tuple(values)
@@ -252,22 +263,63 @@ def _read_json(path: Path, expect: type, fix: str) -> Any:
     return data
 
 
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """``(fd, created)``: ``path`` opened for reading and writing, created if absent (``created`` says so). A
+    ResultsError naming the fix when it cannot be opened (a directory in its place, another user's read-only
+    file, …)."""
+    while True:
+        try:
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                return os.open(path, os.O_RDWR), False
+        except FileNotFoundError:
+            continue  # removed between the two opens: create it
+        except OSError as e:
+            raise ResultsError(
+                f"cannot open the lock file {path} ({e.strerror or e}): remove it or make it a writable file "
+                "(when no kvbench run is writing there), or use another --out"
+            ) from None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced meanwhile)."""
+    try:
+        st, fst = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
 class _Lock:
-    """An exclusive ``fcntl.flock`` on ``path``, holding ``{"pid", "command"}`` of its owner."""
+    """An exclusive ``fcntl.flock`` on ``path``, holding ``{"pid", "command"}`` of its owner. ``created``: this
+    lock created the file (:meth:`ResultsStore.close` removes such a file when the store wrote nothing)."""
 
     def __init__(self, path: Path, *, wait: bool) -> None:
-        """Take the lock (waiting for it when ``wait``); BlockingIOError when held and not ``wait``."""
+        """Take the lock (waiting for it when ``wait``); BlockingIOError when held and not ``wait``, a
+        ResultsError naming the fix when the lock file cannot be used. A lock file removed or replaced while
+        this waited for it is opened again, so two holders never lock two files of one name."""
         self.path = path
-        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except OSError:
-            os.close(self.fd)
-            self.fd = None
-            raise
+        while True:
+            fd, self.created = _open_lock_file(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                raise
+            except OSError as e:
+                os.close(fd)
+                raise ResultsError(f"cannot lock {path} ({e.strerror or e}); use another --out") from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)
+        self.fd: int | None = fd
         if not wait:
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, json.dumps({"pid": os.getpid(), "command": sys.argv}).encode() + b"\n")
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps({"pid": os.getpid(), "command": sys.argv}).encode() + b"\n")
+            except OSError:
+                pass  # who holds it is for messages only: the lock holds without it
 
     @staticmethod
     def holder(path: Path) -> str:
@@ -286,13 +338,62 @@ class _Lock:
             os.close(self.fd)
             self.fd = None
 
+    def discard(self) -> None:
+        """Release the lock, first removing its file if this lock created it (still held then: a process that
+        opened the file meanwhile finds it gone once it gets the lock, and opens the path again)."""
+        if self.fd is not None and self.created:
+            self.path.unlink(missing_ok=True)
+        self.release()
+
+
+def _remove_dirs(dirs: Sequence[Path]) -> None:
+    """Remove the directories ``dirs`` (deepest first) while they are empty."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+def check_results_file(path: Path) -> None:
+    """Refuse (ResultsError) a results file that its writer's lock would not cover alone: a directory, a symbolic
+    link, a file with several hard links (a second name would bypass ``<name>.lock``), or not a regular file
+    (a device such as ``/dev/null``, a pipe). An absent file passes."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        fix = "fix its permissions or use another --out"
+        raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ResultsError(f"{path} is a directory, not a results file: move it away or use another --out")
+    if stat.S_ISLNK(st.st_mode):
+        raise ResultsError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): its writer's lock covers one name only, so runs "
+            "through another name would write it at once; replace the link by a copy of the file, or use another --out"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise ResultsError(f"{path} is not a regular file: move it away or use another --out")
+    if st.st_nlink > 1:
+        raise ResultsError(
+            f"{path} has {st.st_nlink} hard links: its writer's lock covers one name only, so runs through another "
+            "name would write it at once; replace it by a copy of its own (cp, then mv over it), or use another --out"
+        )
+
 
 class ResultsStore:
-    """The one writer of ``<out_dir>/results_name(shard)``: append-only, crash-safe, locked while open."""
+    """The one writer of ``<out_dir>/results_name(shard)``: append-only, crash-safe, locked while open.
+
+    It writes nothing until its first write: opening locks the file and reads the directory; the results file
+    is created, a crash's last line repaired (:attr:`recovered`) and the updates queued with :meth:`defer` made
+    at the first :meth:`append`. A store closed without any write removes the lock file and the directories it
+    created, so a run that stops before its first row leaves its ``--out`` exactly as it was."""
 
     def __init__(self, out_dir: str | Path, shard: tuple[int, int] = (0, 1)) -> None:
-        """Open (creating if needed) the results directory, lock this shard's results file, recover from a
-        crash mid-write, and load the rows done in every results file of the directory."""
+        """Lock this shard's results file (creating the results directory if needed) and load the rows done in
+        every results file of the directory; refuse corruption, legacy rows, a results file that is not a
+        regular file of its own, and one that cannot be written."""
         self.dir = Path(out_dir)
         self.path = self.dir / results_name(shard)
         self.manifest_path = self.dir / "manifest.json"
@@ -300,73 +401,122 @@ class ResultsStore:
         self._rows: dict[tuple, dict] = {}
         self._done: set[tuple] = set()  # keys of rows in the directory's other results files
         self._fd: int | None = None
+        self._closed = False
+        self._wrote = False  # anything written into the directory (then close() keeps what open created)
+        self._begun = False  # the first append happened: repair made, deferred updates written
+        self._repair: _Scan | None = None
+        self._deferred: list[Callable[[], None]] = []
+        self._lock: _Lock | None = None
+        self._created: list[Path] = []
+        self._created = self._make_dir()
+        try:
+            check_results_file(self.path)
+            lock_path = self.path.with_name(self.path.name + ".lock")
+            try:
+                self._lock = _Lock(lock_path, wait=False)
+            except BlockingIOError:
+                raise ResultsError(
+                    f"{self.path} is being written by another kvbench run, {_Lock.holder(lock_path)}: wait for it "
+                    "to finish, or use another --out (shards of one run: --shard i/N, each its own file)"
+                ) from None
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_dir(self) -> list[Path]:
+        """Create the results directory if needed and check that it is writable; return the directories
+        created, deepest first."""
+        created, d = [], self.dir
+        while not d.exists() and d != d.parent:
+            created.append(d)
+            d = d.parent
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             probe = self.dir / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
+            _remove_dirs(created)
             raise ResultsError(
                 f"cannot create or write the results directory {self.dir} ({e.strerror or e}); "
                 "pick another one with --out"
             ) from None
-        if self.path.is_dir():
-            raise ResultsError(f"{self.path} is a directory, not a results file: move it away or use another --out")
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        try:
-            self._lock = _Lock(lock_path, wait=False)
-        except BlockingIOError:
-            raise ResultsError(
-                f"{self.path} is being written by another kvbench run, {_Lock.holder(lock_path)}: wait for it to "
-                "finish, or use another --out (shards of one run: --shard i/N, each its own file)"
-            ) from None
-        try:
-            self._open()
-        except BaseException:
-            self.close()
-            raise
+        return created
 
     def _open(self) -> None:
-        """Under the lock: load (and repair) this file, note the other files' rows, open for appending."""
+        """Under the lock: load this file, note the other files' rows, open an existing file for appending."""
         if self.path.exists():
             self._load()
         for other in sorted(self.dir.glob(RESULTS_GLOB)):
             if other != self.path and _RESULTS_NAME.fullmatch(other.name) and other.is_file():
-                self._done.update(row_key(r) for r in _scan(_read_bytes(other), other).rows)
-        try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise _write_error(self.path, e, len(self._rows)) from None
+                scan = _scan(_read_bytes(other), other)
+                if scan.legacy:
+                    raise _legacy_error(other, scan.legacy)
+                self._done.update(row_key(r) for r in scan.rows)
+        if self.path.exists():  # a file that cannot be written is refused now; a new one is created by append
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as e:
+                raise _write_error(self.path, e, len(self._rows)) from None
 
     def _load(self) -> None:
-        """Read this results file; repair an interrupted last line, refuse corruption and legacy rows."""
-        data = _read_bytes(self.path)
-        scan = _scan(data, self.path)
+        """Read this results file: refuse corruption and legacy rows, note an interrupted last line (repaired by
+        the first append)."""
+        scan = _scan(_read_bytes(self.path), self.path)
         if scan.legacy:
             raise _legacy_error(self.path, scan.legacy)
         for row in scan.rows:
             self._rows.setdefault(row_key(row), row)
-        name = self.path.name
+        if scan.tail_row is not None:  # complete row that only lacks its newline
+            self._rows.setdefault(row_key(scan.tail_row), scan.tail_row)
+        if scan.tail:
+            self._repair = scan
+
+    def _begin(self) -> None:
+        """Before the first row: create the results file (or repair an interrupted last line of the existing one),
+        then make the updates queued with :meth:`defer`."""
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise _write_error(self.path, e, len(self._rows)) from None
+        self._wrote = True
+        scan, self._repair, name = self._repair, None, self.path.name
         try:
-            if scan.tail_row is not None:  # complete row that only lacks its newline
-                with open(self.path, "ab") as f:
-                    f.write(b"\n")
-                    os.fsync(f.fileno())
-                self._rows.setdefault(row_key(scan.tail_row), scan.tail_row)
+            if scan is not None and scan.tail_row is not None:
+                os.write(self._fd, b"\n")
+                os.fsync(self._fd)
                 self.recovered = (
                     f"{name}: added the missing newline after the last row (interrupted run); "
                     f"{len(self._rows)} finished rows kept"
                 )
-            elif scan.tail:
+            elif scan is not None:
                 partial = self.path.with_name(f"{name}.partial-{os.getpid()}-{time.time_ns()}")
                 partial.write_bytes(scan.tail)
-                os.truncate(self.path, scan.good_end)
+                try:
+                    os.ftruncate(self._fd, scan.good_end)
+                except OSError:
+                    partial.unlink(missing_ok=True)
+                    raise
                 self.recovered = (
                     f"{name}: dropped a partial last line ({len(scan.tail)} bytes, saved to {partial.name}) "
                     f"left by an interrupted run; {len(self._rows)} finished rows kept"
                 )
         except OSError as e:
             raise _write_error(self.path, e, len(self._rows)) from None
+        self._begun = True
+        deferred, self._deferred = self._deferred, []
+        for update in deferred:
+            update()
+
+    def defer(self, update: Callable[[], None]) -> None:
+        """Make ``update`` (e.g. a :meth:`write_manifest` or :meth:`record_missing` call) just before the first row
+        is appended, or now when rows were already appended: a run that ends before its first row writes none."""
+        if self._begun:
+            update()
+        else:
+            self._deferred.append(update)
 
     def is_done(self, key_or_row: Mapping[str, Any] | Sequence[Any]) -> bool:
         """Whether a row with this key (a ROW_KEY tuple or a row mapping) is stored in any results file."""
@@ -389,7 +539,7 @@ class ResultsStore:
     def append(self, row: dict) -> None:
         """Durably append one finished row (p normalised); refuse duplicates and non-JSON values. A failed
         write (full disk, …) is cut back off the file and raised as a ResultsError naming it."""
-        if self._fd is None:
+        if self._closed:
             raise ResultsError(f"the results store {self.path} is closed")
         key = row_key(row)
         if self.is_done(key):
@@ -402,6 +552,8 @@ class ResultsStore:
                 f"row {key} cannot be stored as JSON ({e}); results must be finite numbers, strings, "
                 "lists or dicts — fix the value that produced it"
             ) from None
+        if not self._begun:
+            self._begin()
         size = os.fstat(self._fd).st_size
         try:
             while buf:
@@ -424,9 +576,11 @@ class ResultsStore:
         return len(self._rows)
 
     def _meta_lock(self) -> _Lock:
-        """The directory's lock for manifest.json / missing.json updates (shards share them)."""
-        if self._fd is None:
+        """The directory's lock for manifest.json / missing.json updates (shards share them); taking it is this
+        store's first write into the directory, if nothing came before."""
+        if self._closed:
             raise ResultsError(f"the results store {self.path} is closed")
+        self._wrote = True
         return _Lock(self.dir / "meta.lock", wait=True)
 
     def manifest(self) -> dict:
@@ -437,19 +591,24 @@ class ResultsStore:
             raise ResultsError(f"{self.manifest_path} is corrupt; it was left as is. {fix}")
         return manifest
 
+    def check_model(self, name: str | None, fingerprint: str | None, manifest: dict | None = None) -> None:
+        """Refuse a model named like one of the manifest's runs but with other weights (``fingerprint``); reads
+        only (``manifest``: the one already read)."""
+        for run in (manifest or self.manifest())["runs"]:
+            if run.get("model") == name and run.get("model_fingerprint") != fingerprint:
+                raise ResultsError(
+                    f"{self.dir} already holds results of a different model named {name!r} "
+                    f"(fingerprint {run.get('model_fingerprint')} != {fingerprint}); rows of two different "
+                    "models with the same name would be mixed. Use a different --out directory"
+                )
+
     def write_manifest(self, entry: dict) -> None:
-        """Atomically add one run entry (versions, seeds, config, ``model``, ``model_fingerprint``)."""
+        """Atomically add one run entry (versions, seeds, config, ``model``, ``model_fingerprint``); refuse it as
+        :meth:`check_model` does."""
         lock = self._meta_lock()
         try:
             manifest = self.manifest()
-            name, fingerprint = entry.get("model"), entry.get("model_fingerprint")
-            for run in manifest["runs"]:
-                if run.get("model") == name and run.get("model_fingerprint") != fingerprint:
-                    raise ResultsError(
-                        f"{self.dir} already holds results of a different model named {name!r} "
-                        f"(fingerprint {run.get('model_fingerprint')} != {fingerprint}); rows of two different "
-                        "models with the same name would be mixed. Use a different --out directory"
-                    )
+            self.check_model(entry.get("model"), entry.get("model_fingerprint"), manifest)
             manifest["runs"].append(entry)
             _atomic_write(self.manifest_path, json.dumps(manifest, ensure_ascii=False, indent=2) + "\n")
         finally:
@@ -474,12 +633,21 @@ class ResultsStore:
             lock.release()
 
     def close(self) -> None:
-        """Close the results file and release its lock; later appends raise."""
-        if getattr(self, "_fd", None) is not None:
+        """Close the results file and release its lock; later appends raise. A store that wrote nothing removes
+        the lock file and the directories it created (updates still queued with :meth:`defer` are dropped)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if getattr(self, "_lock", None) is not None:
-            self._lock.release()
+        if self._wrote:
+            if self._lock is not None:
+                self._lock.release()
+            return
+        if self._lock is not None:
+            self._lock.discard()
+        _remove_dirs(self._created)
 
     def __del__(self) -> None:
         """A store dropped without close() still releases its file and lock."""
@@ -544,6 +712,8 @@ def results_files(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> 
     dirs = [Path(dirs)] if isinstance(dirs, (str, Path)) else [Path(d) for d in dirs]
     paths: list[Path] = []
     for d in dirs:
+        if d.is_file():
+            raise ResultsError(f"{d} is a file: give the directory that holds it (its run's --out), e.g. {d.parent}")
         if not d.is_dir():
             raise ResultsError(f"no results directory {d}: run `kvbench run --out {d}` first")
         files = [f for f in sorted(d.glob(RESULTS_GLOB)) if _RESULTS_NAME.fullmatch(f.name)]
@@ -728,6 +898,7 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
     locks: list[_Lock] = []
     try:
         for p in [] if dry_run else paths:  # a dry run only reads, like a report
+            check_results_file(p)
             lock_path = p.with_name(p.name + ".lock")
             try:
                 locks.append(_Lock(lock_path, wait=False))

@@ -13,15 +13,17 @@ satisfies ``c % N == i`` (enumeration: tasks in bench order, then items) and wri
 
 from __future__ import annotations
 
+import itertools
 import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import kvbench
@@ -40,11 +42,12 @@ from kvbench.models import (
     max_positions,
 )
 from kvbench.prompt import Rendered, prompt_length, render
-from kvbench.results import ResultsStore
+from kvbench.results import P_DECIMALS, ResultsStore
 from kvbench.scorers import score as run_scorer
 from kvbench.tasks import Context, get_bench
 
 ENGINES = ("torch", "vllm")
+SEED_LIMIT = 2**32  # --seed is below it: RULER's generators seed numpy, which takes 32-bit seeds
 VLLM_HEADROOM = 512  # tokens past --length the vllm engine reserves for question and answer
 
 
@@ -109,12 +112,20 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
         raise KvbenchError(f"--length {config.length}: need a positive number of tokens (or omit it for the default)")
     if config.threads is not None and config.threads < 1:
         raise KvbenchError(f"--threads {config.threads}: need at least 1 (or omit it for torch's default)")
+    if not 0 <= config.seed < SEED_LIMIT:
+        raise KvbenchError(f"--seed {config.seed}: need an integer from 0 to {SEED_LIMIT - 1} (2**32 - 1)")
     if not config.ps:
         raise KvbenchError("no kept fraction given; use --p, e.g. --p 0.5,0.1 or --p all")
     check_dtype(config.dtype)
     check_device(config.device)
     ps = [budgets.validate_p(p) for p in config.ps]
-    _no_duplicates("--p", [round(p, 4) for p in ps])
+    for p in ps:
+        if round(p, P_DECIMALS) != p:
+            raise KvbenchError(
+                f"--p {p}: rows record p to {P_DECIMALS} decimals, where it would read {round(p, P_DECIMALS)}; give "
+                f"at most {P_DECIMALS} decimals (the smallest p is {10**-P_DECIMALS})"
+            )
+    _no_duplicates("--p", ps)
     _no_duplicates("--method", config.methods)
     _no_duplicates("--allocation", config.allocations or [])
     _no_duplicates("--task", config.tasks or [])
@@ -151,38 +162,124 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
     return plan
 
 
-def _contexts(config: RunConfig, lm: LoadedModel, console: Console) -> tuple[list[Context], dict[str, str]]:
-    """Contexts of this shard, and ``{task: reason}`` of the tasks skipped for missing data or a too-short
-    length. A task named with ``--task`` that cannot run is an error, and so is a bench none of whose tasks
-    can run (nothing would be written)."""
+#: What keeps a task from running: its data is absent, or --length cannot hold its smallest context.
+_CANNOT_RUN = (MissingDataError, TooShortError)
+
+
+def _reason(exc: KvbenchError) -> str:
+    """Why a task cannot run, in one line without the fix (a MissingDataError's ``reason``)."""
+    return getattr(exc, "reason", None) or str(exc)
+
+
+def _named(config: RunConfig, task: str, exc: KvbenchError) -> KvbenchError:
+    """``exc`` of a task asked for by name, its message led by ``bench/task`` (a reason shared by several
+    tasks, like SCBench's "needs the hub data", does not name it)."""
+    prefix = f"{config.bench}/{task}"
+    return exc if str(exc).startswith(prefix) else type(exc)(f"{prefix}: {exc}")
+
+
+def _fixes(errors: Sequence[KvbenchError]) -> list[str]:
+    """The distinct fixes of ``errors`` (a MissingDataError's ``fix``: one for every task of a bench)."""
+    return list(dict.fromkeys(fix for exc in errors if (fix := getattr(exc, "fix", None))))
+
+
+def _skip(config: RunConfig, errors: dict[str, KvbenchError], console: Console, record) -> None:
+    """Say that the tasks of ``errors`` cannot run, one line per distinct reason (tasks sharing one are named
+    together, e.g. the SCBench tasks that need its hub data) and each distinct fix once, and
+    ``record(task, reason)`` each (``missing.json``; the report lists them)."""
+    said: dict[tuple[str, str], list[str]] = {}
+    for task, exc in errors.items():
+        missing = isinstance(exc, MissingDataError)
+        what = "missing its data" if missing else f"does not fit --length {config.length}"
+        said.setdefault((what, _reason(exc)), []).append(task)
+        record(task, str(exc) if missing else f"does not fit: {exc}")
+    for (what, reason), tasks in said.items():
+        one = len(tasks) == 1
+        names = f"{config.bench}/{tasks[0]}" if one else f"{config.bench}/{', '.join(tasks)} ({len(tasks)} tasks)"
+        if what.startswith("missing"):
+            verb = "is missing its data" if one else "are missing their data"
+        else:
+            verb = what if one else what.replace("does not", "do not")
+        console.print(f"{names} {verb}: {reason}", style="yellow", markup=False, soft_wrap=True)
+    for fix in _fixes(list(errors.values())):
+        console.print(
+            f"to run {'them' if len(errors) > 1 else 'it'}: {fix}", style="yellow", markup=False, soft_wrap=True
+        )
+
+
+def _contexts(config: RunConfig, lm: LoadedModel, console: Console, record) -> _ShardContexts:
+    """This shard's contexts, drawn as the run goes (:class:`_ShardContexts`). Each task's first context is
+    drawn now, so a task that cannot run (:data:`_CANNOT_RUN`) is found before any row: named with ``--task``
+    it is an error; running every task of the bench it is said and ``record(task, reason)``-ed, and a bench none
+    of whose tasks can run is an error (nothing would be written)."""
     bench = get_bench(config.bench)
     bench.cache_dir = cache_dir() / bench.name
     measure = prompt_length(lm.tokenizer)
-    mine: list[Context] = []
-    skipped: dict[str, str] = {}
-    index = 0
+    started: list[tuple[str, Iterator[Context]]] = []
+    errors: dict[str, KvbenchError] = {}
     for task in config.tasks or bench.tasks():
         try:
-            contexts = list(
+            items = iter(
                 bench.contexts(task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure)
             )
-        except (MissingDataError, TooShortError) as exc:
+            first = next(items, None)
+        except _CANNOT_RUN as exc:
             if config.tasks:  # asked for by name: its data or the user's --length is wrong for it
-                raise
-            # every task of the bench: one that cannot run is recorded (reports list it), not run
-            missing = isinstance(exc, MissingDataError)
-            skipped[task] = str(exc) if missing else f"does not fit: {exc}"
-            what = "is missing its data" if missing else f"does not fit --length {config.length}"
-            console.print(f"[yellow]{config.bench}/{task} {what}: {exc}[/yellow]")
+                raise _named(config, task, exc) from None
+            errors[task] = exc
             continue
-        for ctx in contexts:
-            if index % config.shard[1] == config.shard[0]:
-                mine.append(ctx)
-            index += 1
-    if index == 0 and skipped:
-        reasons = "; ".join(f"{config.bench}/{t}: {r}" for t, r in skipped.items())
-        raise KvbenchError(f"nothing to run, no task of {config.bench} can run: {reasons}")
-    return mine, skipped
+        if first is not None:
+            started.append((task, itertools.chain([first], items)))
+    if errors and not started:
+        reasons = "; ".join(f"{config.bench}/{t}: {_reason(e)}" for t, e in errors.items())
+        fixes = _fixes(list(errors.values()))
+        raise KvbenchError(f"nothing to run, no task of {config.bench} can run: {reasons}" +
+                           (f". Fix: {' / '.join(fixes)}" if fixes else ""))  # fmt: skip
+    _skip(config, errors, console, record)
+    return _ShardContexts(config, started, console, record)
+
+
+class _ShardContexts:
+    """The contexts of one shard, drawn from the bench while the run consumes them: rows appear at once and
+    memory stays flat whatever ``--limit``. The enumeration is that of drawing everything up front (tasks in
+    order, then items; shard ``(i, N)`` keeps running index ``c`` when ``c % N == i``), so shards partition the
+    contexts as before. ``total``: the shard's count as far as known, each task counted at ``--limit`` items until
+    it ends short (a task with fewer items, e.g. a data file's questions, is said once when it ends). A later item
+    of a task that cannot run (:data:`_CANNOT_RUN`) ends that task as :func:`_contexts` does for a first one."""
+
+    def __init__(self, config: RunConfig, tasks: list[tuple[str, Iterator[Context]]], console: Console, record):
+        self._config, self._tasks, self._console, self._record = config, tasks, console, record
+        self._count = config.limit * len(tasks)  # contexts of every shard, as far as known
+
+    @property
+    def total(self) -> int:
+        """This shard's contexts, as far as known."""
+        i, n = self._config.shard
+        return max(0, -(-(self._count - i) // n))
+
+    def __iter__(self) -> Iterator[Context]:
+        config, (i, n), index = self._config, self._config.shard, 0
+        for task, items in self._tasks:
+            drawn, ended = 0, True
+            while True:
+                try:
+                    ctx = next(items, None)
+                except _CANNOT_RUN as exc:
+                    if config.tasks:
+                        raise _named(config, task, exc) from None
+                    _skip(config, {task: exc}, self._console, self._record)
+                    ctx, ended = None, False
+                if ctx is None:
+                    break
+                if index % n == i:
+                    yield ctx
+                index += 1
+                drawn += 1
+            if drawn < config.limit:
+                self._count -= config.limit - drawn
+                if ended:
+                    self._console.print(f"{config.bench}/{task} has {drawn} items, fewer than --limit {config.limit}: "
+                                        "it runs them all", style="yellow", markup=False)  # fmt: skip
 
 
 def _key(
@@ -206,6 +303,7 @@ def _key(
         "context_sha256": sha256,
         "model_fingerprint": lm.fingerprint,
         "artifact_sha256": artifact,
+        "source": ctx.source,
     }
 
 
@@ -289,9 +387,16 @@ def run(
     lm: LoadedModel | None = None,
     on_progress: Callable[[RunSummary, int], None] | None = None,
 ) -> RunSummary:
-    """Execute ``config``; rows go to ``config.out/results_name(config.shard)`` as they finish. Every check
-    that can fail on the user's input runs before the manifest or any row is written. ``on_progress(summary,
-    total)`` (optional) is called once the shard's ``total`` contexts are known and after each context."""
+    """Execute ``config``; rows go to ``config.out/results_name(config.shard)`` as they finish.
+
+    Nothing is written before the first row: the results store is opened first (it locks the file and reads the
+    directory) but writes lazily (:class:`~kvbench.results.ResultsStore`: the results file, a crash repair, the
+    manifest and ``missing.json`` come with the first row; a store closed before it removes the lock file and
+    the directories it created). So every check that can fail on the user's input (the configuration, the model
+    and its weights, the artifacts, each task's data and first context, the first context's budgets, …)
+    leaves ``--out`` exactly as it was. ``on_progress(summary, total)`` (optional) is called once the shard's
+    ``total`` contexts are estimated and after each context (``total`` as far as known then:
+    :class:`_ShardContexts`)."""
     console = console or Console(stderr=True)
     plan = validate(config)
     _engine_dtype(config)
@@ -301,10 +406,9 @@ def run(
 
 def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, plan, store: ResultsStore,
                 on_progress=None) -> RunSummary:  # fmt: skip
-    """``run`` with the results file open and locked."""
-    summary = RunSummary(recovered=store.recovered, path=store.path)
-    if store.recovered:
-        console.print(f"[yellow]{store.recovered}[/yellow]")
+    """``run`` with the results file locked (and nothing written yet)."""
+    summary = RunSummary(path=store.path)
+    check_threads(config.threads)
     if config.threads:
         torch.set_num_threads(config.threads)
     lm = lm or load_model(config.model, device=config.device, dtype=_engine_dtype(config))
@@ -315,40 +419,65 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
             f"use --length <= {max_positions(lm)}"
         )
     if lm.random_weights:
-        console.print(f"[bold yellow]model {lm.name} has RANDOM weights: its scores say nothing about the methods[/]")
+        warning = f"model {lm.name} has RANDOM weights: its scores say nothing about the methods"
+        console.print(warning, style="bold yellow", markup=False)
     artifacts = method_artifacts(plan, lm, store)  # each method reads its artifact now: absent -> nothing written
     for label, sha in artifacts.items():
         if sha is not None:
-            console.print(f"{label} scores with the artifact of sha256 {sha[:16]}… (rows record it)")
-    with console.status(f"generating {config.bench} contexts …"):
-        contexts, skipped = _contexts(config, lm, console)  # up front: an exact progress total
-    for task, reason in skipped.items():
-        store.record_missing(config.bench, task, reason)
-    store.write_manifest({**manifest_entry(config, lm), "artifacts": artifacts})
+            console.print(f"{escape(label)} scores with the artifact of sha256 {sha[:16]}… (rows record it)")
+    entry = {**manifest_entry(config, lm), "artifacts": artifacts}
+    store.check_model(lm.name, lm.fingerprint)
+
+    def record_missing(task: str, reason: str) -> None:  # with the first row, like everything written
+        store.defer(lambda: store.record_missing(config.bench, task, reason))
+
+    def say_recovered() -> None:  # the first append repaired a crash's last line (the message names the copy)
+        if store.recovered:
+            console.print(store.recovered, style="yellow", markup=False)
+
+    with console.status(f"generating {escape(config.bench)} contexts …"):
+        contexts = _contexts(config, lm, console, record_missing)  # each task's first one; the rest as rows go
+    store.defer(lambda: store.write_manifest(entry))
+    store.defer(say_recovered)
     engine = make_engine(config.engine, lm, config.length, config.device)
     query_window = max([m.query_window for m, _, _ in plan] + [1])
     if on_progress:
-        on_progress(summary, len(contexts))
+        on_progress(summary, contexts.total)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=False) as progress:
-            bar = progress.add_task("contexts", total=len(contexts))
+            bar = progress.add_task("contexts", total=contexts.total)
             for ctx in contexts:
-                progress.update(bar, description=f"{ctx.task} #{ctx.item}")
+                progress.update(bar, description=escape(f"{ctx.task} #{ctx.item}"), total=contexts.total)
                 _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar)
                 summary.contexts += 1
                 progress.advance(bar)
                 if on_progress:
-                    on_progress(summary, len(contexts))
+                    on_progress(summary, contexts.total)
+            progress.update(bar, total=contexts.total)
     except KeyboardInterrupt:
         console.print(
-            f"[yellow]interrupted: {summary.rows_written} new rows are saved in {store.path}; rerun the same "
-            "command to resume[/yellow]"
+            f"[yellow]interrupted: {summary.rows_written} new rows are saved in {escape(str(store.path))}; rerun the "
+            "same command to resume[/yellow]",
+            soft_wrap=True,
         )
         raise
     finally:
         engine.close()  # before the next model of a --model list starts its engine
+    summary.recovered = store.recovered
     return summary
+
+
+def check_threads(threads: int | None) -> None:
+    """Refuse ``--threads`` beyond the CPU cores this process may use (torch would only run slower), on the
+    machine that runs (a Ray worker checks its own)."""
+    from kvbench.distributed import local_cores
+
+    if threads is not None and threads > local_cores():
+        raise KvbenchError(
+            f"--threads {threads} exceeds the {local_cores()} CPU cores this process may use, which only slows torch "
+            f"down; use --threads {local_cores()} or fewer (or omit it)"
+        )
 
 
 def method_artifacts(
@@ -421,6 +550,7 @@ def run_models(config: RunConfig, models: Sequence[str | None], console: Console
 
 def _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar) -> None:
     rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
+    _check_budgets(ctx, rendered, plan)
     pending = {
         (method.label, alloc, p): [
             qi
@@ -446,7 +576,7 @@ def _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query
                 _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary,
                                  progress, bar, artifacts[method.label])  # fmt: skip
                 continue
-            progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name}: scoring")
+            progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name}: scoring"))
             start = time.perf_counter()
             scores = method.score(parent)
             score_s = time.perf_counter() - start
@@ -456,7 +586,7 @@ def _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query
                     questions = pending[(method.label, alloc, p)]
                     if not questions:
                         continue
-                    progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
+                    progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}"))
                     kept = method.select(parent, scores, p, alloc)
                     _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s,
                                      store, summary, artifacts[method.label])  # fmt: skip
@@ -486,16 +616,30 @@ def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, con
         todo = [(a, p) for a in allocs for p in ps if qi in pending[(method.label, a, p)]]
         if not todo:
             continue
-        progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
+        progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring"))
         start = time.perf_counter()
         scores = method.score_question(parent, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
         score_s = time.perf_counter() - start
         _check_scores(method, scores, parent)
         for alloc, p in todo:
-            progress.update(bar, description=f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}")
+            progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}"))
             kept = method.select(parent, scores, p, alloc)
             _fork_and_answer(ctx, [qi], kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary,
                              artifact)  # fmt: skip
+
+
+def _check_budgets(ctx: Context, rendered: Rendered, plan) -> None:
+    """Refuse, before the context's rows, a p whose per-head budget ``round(p * (n - prot))`` keeps none of its
+    evictable entries (only the protected prefix would stay), naming the smallest p that keeps one."""
+    n, prot = len(rendered.context_ids), rendered.prot
+    ps = sorted({p for _, _, method_ps in plan for p in method_ps})
+    zero = [p for p in ps if n > prot and budgets.per_head_budget(n, prot, p) == 0]
+    if zero:
+        smallest = budgets.smallest_p(n - prot, P_DECIMALS)
+        raise KvbenchError(
+            f"--p {', '.join(map(str, zero))} keeps none of the {n - prot} evictable tokens of {ctx.bench}/{ctx.task} "
+            f"item {ctx.item} (only its {prot}-token protected prefix); use --p {smallest} or more"
+        )
 
 
 def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent) -> None:

@@ -123,12 +123,13 @@ def test_crash_partial_last_line_is_dropped_and_saved(tmp_path):
 
     with ResultsStore(tmp_path) as store:
         assert len(store) == 3
-        assert store.path.read_bytes() == complete
+        assert store.recovered is None and store.path.read_bytes() == complete + partial  # repaired by 1st append
+        store.append(make_row(3))  # the store keeps working after recovery
+        assert store.path.read_bytes() == complete + (json.dumps(make_row(3)) + "\n").encode()
         assert "partial last line" in store.recovered and "3 finished rows" in store.recovered
         saved = list(tmp_path.glob("results.jsonl.partial-*"))
         assert len(saved) == 1 and saved[0].read_bytes() == partial
         assert saved[0].name.startswith(f"results.jsonl.partial-{os.getpid()}-")  # unique per process and ns
-        store.append(make_row(3))  # the store keeps working after recovery
     assert len(ResultsStore(tmp_path)) == 4
 
 
@@ -138,7 +139,8 @@ def test_invalid_last_line_with_newline_is_dropped(tmp_path):
     complete = store.path.read_bytes()
     store.path.write_bytes(complete + b"garbage\n")
     with ResultsStore(tmp_path) as store:
-        assert len(store) == 1 and store.path.read_bytes() == complete and store.recovered
+        store.append(make_row(1))
+        assert len(store) == 2 and store.path.read_bytes().startswith(complete + b"{") and store.recovered
 
 
 def test_complete_last_line_without_newline_is_kept(tmp_path):
@@ -149,10 +151,9 @@ def test_complete_last_line_without_newline_is_kept(tmp_path):
 
     with ResultsStore(tmp_path) as store:
         assert len(store) == 2
-        assert store.path.read_bytes().endswith(b"}\n")
+        store.append(make_row(2))
         assert "newline" in store.recovered
         assert not list(tmp_path.glob("results.jsonl.partial-*"))
-        store.append(make_row(2))
     assert [r["item"] for r in ResultsStore(tmp_path).rows()] == [0, 1, 2]
 
 
@@ -401,20 +402,19 @@ def test_reader_refuses_corruption_and_an_empty_directory(tmp_path):
 
 
 def test_legacy_rows_are_never_reused(tmp_path):
-    """Rows without length/seed/context_sha256/model_fingerprint: a writer refuses the file (naming the fix),
-    a reader leaves them out and says so."""
+    """Rows without length/seed/context_sha256/model_fingerprint: a writer refuses the file (naming the fix), and
+    a writer of another results file of the directory too (issue 34); a reader leaves them out and says so."""
     legacy = {k: v for k, v in make_row(0).items() if k not in ("length", "model_fingerprint")}
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(legacy) + "\n" + json.dumps(legacy | {"item": 1}) + "\n")
-    before = path.read_bytes()
+    before = sorted(tmp_path.iterdir())
     with pytest.raises(ResultsError, match="2 rows of an older kvbench.*new --out"):
         ResultsStore(tmp_path)
-    assert path.read_bytes() == before
-    with ResultsStore(tmp_path, (0, 2)) as shard:  # the lock of the refused open was released
-        shard.append(make_row(7))
+    with pytest.raises(ResultsError, match=f"{path} holds 2 rows of an older kvbench"):  # not "being written"
+        ResultsStore(tmp_path, (0, 2))
+    assert sorted(tmp_path.iterdir()) == before and path.read_text().count("\n") == 2  # no lock, no shard file
     read = read_results(tmp_path)
-    assert [r["item"] for r in read.rows] == [7]
-    assert len(read.notes) == 1 and "left out 2 rows" in read.notes[0]
+    assert read.rows == [] and len(read.notes) == 1 and "left out 2 rows" in read.notes[0]
 
 
 def test_rows_without_an_artifact_digest_are_legacy(tmp_path):

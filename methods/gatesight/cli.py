@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench.errors import KvbenchError
 
@@ -35,7 +36,7 @@ def _user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except KvbenchError as exc:
-            console.print(f"[bold red]error:[/bold red] {exc}")
+            console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
             raise typer.Exit(2) from None
 
     return wrapper
@@ -88,7 +89,8 @@ def label(
     )
     lm = load_model(model, device=device, dtype=dtype)
     if lm.random_weights:
-        console.print(f"[yellow]model {lm.name} has RANDOM weights: its labels only exercise the pipeline[/yellow]")
+        warning = f"model {lm.name} has RANDOM weights: its labels only exercise the pipeline"
+        console.print(warning, style="yellow", markup=False)
     summary = label_corpus(
         lm.model,
         lm.tokenizer,
@@ -103,7 +105,8 @@ def label(
     )
     console.print(
         f"labelled {summary['labelled']} documents into {out} ({summary['skipped_existing']} already there, "
-        f"{summary['skipped_short']} too short)"
+        f"{summary['skipped_short']} too short)",
+        markup=False,
     )
 
 
@@ -163,7 +166,7 @@ def train(
     target = out or default_artifact_dir(label_set.fingerprint)
     save_artifact(est, target)
     gm = ", ".join(f"{x:.3f}" for x in est.gate_means.tolist())
-    console.print(f"wrote the GateSight artifact to {target} (gate means: {gm})")
+    console.print(f"wrote the GateSight artifact to {target} (gate means: {gm})", markup=False)
 
 
 @app.command("eval")
@@ -211,9 +214,9 @@ def eval_(
     result = evaluate_labels(label_set, config, artifact=est, progress=True, console=console)
     Console().print(render_rich(result))
     for note in result.notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(note, style="dim", markup=False)
     if out is not None:
         js, md = write_result(result, out)
-        console.print(f"wrote {js} and {md}")
+        console.print(f"wrote {js} and {md}", markup=False)
     else:
         typer.echo(render_markdown(result))
