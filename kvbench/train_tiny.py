@@ -75,8 +75,10 @@ TASK_MIX: tuple[tuple[str, float], ...] = (
 #: The needle-question rows and how each draws its questions (see :func:`_recall_row`).
 RECALL_DRAWS = {"recall": "every", "lookup": "replace", "echo": "echo"}
 DENSE_TASKS = (*RECALL_DRAWS, "chains", "repeat")  # rows built here, not RULER items
+#: SCBench's offline-generated tasks as training rows (``scbench_<task>``, see :func:`_scbench_row`).
+SCBENCH_TASKS = ("scbench_kv", "scbench_mf", "scbench_prefix_suffix", "scbench_vt")
 #: Every task a mix may name.
-KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo")
+KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo", *SCBENCH_TASKS)
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
 
 #: (start fraction, row length) of the shipped model's run: 128-token rows first (associative recall is
@@ -294,6 +296,51 @@ def _ruler_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[in
     return prompt + answer, [0] * len(prompt) + [1] * len(answer), tuple(q.references)
 
 
+def _scbench_answer(task: str, references: tuple[str, ...]) -> str:
+    """What the model should write for a generated SCBench question: the value (kv), the number (mf), the
+    string (prefix_suffix) or the chain's variables in order (vt, after its answer prefix's space)."""
+    return " ".join(references) if task == "vt" else references[0]
+
+
+def _scbench_row(task: str, ex_seed: int, length: int, tokenizer) -> tuple[list[int], list[int], tuple] | None:
+    """(ids, answer mask, references) of one generated SCBench row (``task`` is ``scbench_<task>``) rendered
+    as evaluation renders it (SCBench's assembly: the context prompt, each query appended directly), then
+    every question of the row with its answer and ``<|im_end|>``, one after another, all supervised. (At
+    evaluation each question follows the context alone; here the later questions also see the earlier
+    answered ones, which packs five targets into one context.) Sized so the whole row fits ``length``;
+    None when even the smallest row does not."""
+    from kvbench.prompt import render
+    from kvbench.tasks.scbench import build_context
+    from kvbench.tasks.scbench_generate import generate_row
+
+    name = task.removeprefix("scbench_")
+    eos = tokenizer.eos_token_id
+
+    def pieces(row: dict):
+        ctx = build_context(name, 0, row, {}, source="generated")
+        rendered = render(tokenizer, ctx)
+        answers = [encode(tokenizer, _scbench_answer(name, q.references)) + [eos] for q in ctx.questions]
+        return rendered, answers, ctx
+
+    def measure(row: dict) -> int:
+        rendered, answers, _ = pieces(row)
+        return len(rendered.context_ids) + sum(
+            len(q) + len(a) for q, a in zip(rendered.question_ids, answers, strict=True)
+        )
+
+    try:
+        row = generate_row(name, 0, length=length, seed=ex_seed, measure=measure)
+    except KvbenchError:  # too short for even the smallest row
+        return None
+    rendered, answers, ctx = pieces(row)
+    ids = list(rendered.context_ids)
+    mask = [0] * len(ids)
+    for question, answer in zip(rendered.question_ids, answers, strict=True):
+        ids += question + answer
+        mask += [0] * len(question) + [1] * len(answer)
+    return ids, mask, tuple(_scbench_answer(name, q.references) for q in ctx.questions)
+
+
 class Example(NamedTuple):
     input_ids: torch.Tensor  # [length] long, right-padded with the pad id
     loss_mask: torch.Tensor  # [length] long, 1 on the supervised tokens (see training_example)
@@ -427,6 +474,7 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
     RULER rows (a task of ``mix``, default :data:`TASK_MIX`, rendered exactly as evaluation renders it):
     ``loss_mask`` is 1 on the answer tokens and the closing ``<|im_end|>``. "recall", "lookup", "echo" rows: 1 on
     every answered value (:func:`_recall_row`). "repeat" rows: 1 on the second copy (:func:`_repeat_row`).
+    ``scbench_*`` rows: 1 on every question's answer and ``<|im_end|>`` (:func:`_scbench_row`).
     Padding is always 0. The row is sized to a target drawn uniformly from ``[length // 2, length]`` so rows
     vary in length, then right-padded with the pad id. The RULER seed is drawn from ``rng`` in
     ``[TRAIN_SEED_BASE, 2**31)``; a RULER task that cannot fit ``length`` (vt's or cwe's one-shot example, uuid
@@ -442,6 +490,9 @@ def training_example(rng: random.Random, length: int, tokenizer, mix=TASK_MIX) -
         row = _repeat_row(random.Random(ex_seed), target, tokenizer)
     elif task == "chains":
         row = _chains_row(random.Random(ex_seed), target, tokenizer)
+        task = task if row else fallback
+    elif task in SCBENCH_TASKS:
+        row = _scbench_row(task, ex_seed, target, tokenizer) or _scbench_row(task, ex_seed, length, tokenizer)
         task = task if row else fallback
     elif task not in RECALL_DRAWS:
         row = _ruler_row(task, ex_seed, target, tokenizer) or _ruler_row(task, ex_seed, length, tokenizer)

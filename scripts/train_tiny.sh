@@ -8,7 +8,11 @@
 # it), starting from tiny-trained's tokenizer instead of training one.
 # Across machines: a stage is skipped when its final/ or a later stage's final/ is complete, so a stage's
 # final/ alone (about 19 MB, no optimizer state) carries the run to a fresh machine (README, "Training").
-# Usage: [ARCH=qwen3_next|qwen3_5] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
+# Stages 8-9 (both ARCHs) extend the model to 4,096 tokens and to SCBench's offline-generated tasks (kv, mf,
+# prefix_suffix, vt; several questions per context, each a target), keeping RULER's tasks in the mix. By
+# default they start from the SHIPPED weights (kvbench/builtin/<name>, bf16) and stages 1-7 are not run;
+# FROM_SCRATCH=1 runs stages 1-7 first and starts stage 8 from the last of them instead.
+# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${ARCH:-qwen3_next}
@@ -19,9 +23,9 @@ case "$ARCH" in
 esac
 OUT=${1:-models/$NAME}
 kvbench() { .venv/bin/kvbench "$@"; }
-train() { kvbench train-tiny --arch "$ARCH" "$@"; }
-STAGES=(stage1 stage2 stage3 stage4 stage5 stage6)
-[ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7)
+train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@"; }  # THREADS=1 on a busy machine
+STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
+[ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
 # stage NAME ARGS...: train stage NAME into $OUT/NAME, unless a later stage has finished (its final/ is then
 # all the run needs from NAME); a finished NAME itself is returned by train-tiny without training.
 stage() {
@@ -36,52 +40,69 @@ stage() {
   done
   train --out "$OUT/$name" "$@"
 }
-# Stage 1: tokenizer, then 3,850 steps from scratch, curriculum 128 -> 256 -> 512 -> 1,024 (the defaults).
-stage stage1 --eval-limit 0 "${FIRST[@]}"
-# Stage 2: 800 steps at 1,024 tokens from stage 1's weights, weighted to multi-key retrieval, vt and fwe.
-stage stage2 --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
-  --curriculum 1024@0 \
-  --mix niah_single_1=0.08,niah_multikey_2=0.25,niah_multikey_3=0.2,vt=0.1,fwe=0.07,recall=0.2,chains=0.05,repeat=0.05 \
-  --eval-limit 0
-# Stage 3: key matching. 600 steps at 256 tokens of "echo" rows (questions in the needle's own wording, which
-# a copying head answers) and "lookup" rows (RULER's wording, needles drawn with replacement).
-stage stage3 --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
-  --curriculum 256@0 --save-every 100 --mix echo=0.5,lookup=0.5 --eval-limit 0
-BEFORE4="$OUT/stage3/final"
-if [ "$ARCH" = qwen3_5 ]; then
-  # Stage 3b, the dense twin only: variable tracking on short rows, as stage 3 did for key matching. Measured:
-  # after stage 2 the MoE model's supervised loss on chains / vt rows had fallen to 1.3 / 1.2, the dense
-  # twin's was still 3.6 / 3.5 (where both started stage 2), so the twin had not learned to follow a chain.
-  # 400 steps at 256 tokens of chains rows, with echo and lookup rows to keep stage 3's key matching.
-  stage stage3b --init "$OUT/stage3/final" --seed 15 --steps 400 --lr 2e-3 \
-    --curriculum 256@0 --save-every 100 --mix chains=0.6,echo=0.2,lookup=0.2 --eval-limit 0
-  BEFORE4="$OUT/stage3b/final"
+if [ "${FROM_SCRATCH:-0}" = 1 ]; then
+  # Stage 1: tokenizer, then 3,850 steps from scratch, curriculum 128 -> 256 -> 512 -> 1,024 (the defaults).
+  stage stage1 --eval-limit 0 "${FIRST[@]}"
+  # Stage 2: 800 steps at 1,024 tokens from stage 1's weights, weighted to multi-key retrieval, vt and fwe.
+  stage stage2 --init "$OUT/stage1/final" --seed 1 --steps 800 --lr 1e-3 \
+    --curriculum 1024@0 \
+    --mix niah_single_1=0.08,niah_multikey_2=0.25,niah_multikey_3=0.2,vt=0.1,fwe=0.07,recall=0.2,chains=0.05,repeat=0.05 \
+    --eval-limit 0
+  # Stage 3: key matching. 600 steps at 256 tokens of "echo" rows (questions in the needle's own wording, which
+  # a copying head answers) and "lookup" rows (RULER's wording, needles drawn with replacement).
+  stage stage3 --init "$OUT/stage2/final" --seed 11 --steps 600 --lr 2e-3 \
+    --curriculum 256@0 --save-every 100 --mix echo=0.5,lookup=0.5 --eval-limit 0
+  BEFORE4="$OUT/stage3/final"
+  if [ "$ARCH" = qwen3_5 ]; then
+    # Stage 3b, the dense twin only: variable tracking on short rows, as stage 3 did for key matching. Measured:
+    # after stage 2 the MoE model's supervised loss on chains / vt rows had fallen to 1.3 / 1.2, the dense
+    # twin's was still 3.6 / 3.5 (where both started stage 2), so the twin had not learned to follow a chain.
+    # 400 steps at 256 tokens of chains rows, with echo and lookup rows to keep stage 3's key matching.
+    stage stage3b --init "$OUT/stage3/final" --seed 15 --steps 400 --lr 2e-3 \
+      --curriculum 256@0 --save-every 100 --mix chains=0.6,echo=0.2,lookup=0.2 --eval-limit 0
+    BEFORE4="$OUT/stage3b/final"
+  fi
+  # Stage 4: back to every task, 512 then 1,024 tokens, keeping lookup and echo rows in the mix.
+  stage stage4 --init "$BEFORE4" --seed 12 --steps 300 --lr 1.5e-3 \
+    --curriculum 512@0,1024@0.4 --save-every 50 \
+    --mix echo=0.1,lookup=0.25,niah_multikey_2=0.15,niah_multikey_3=0.05,vt=0.15,chains=0.1,fwe=0.12,niah_single_1=0.05,repeat=0.03 \
+    --eval-limit 0
+  # Stages 5-6: more 1,024-token steps weighted to multi-key retrieval, vt and fwe (their losses were still
+  # falling after stage 4); export after stage 6.
+  MIX56=echo=0.05,lookup=0.2,niah_multikey_2=0.2,niah_multikey_3=0.1,vt=0.18,chains=0.07,fwe=0.15,niah_single_1=0.03,repeat=0.02
+  stage stage5 --init "$OUT/stage4/final" --seed 13 --steps 450 --lr 1e-3 \
+    --curriculum 1024@0 --save-every 50 --mix "$MIX56" --eval-limit 0
+  EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
+  LAST6=("${EXPORT[@]}")
+  [ "$ARCH" = qwen3_5 ] && LAST6=(--eval-limit 0)
+  stage stage6 --init "$OUT/stage5/final" --seed 14 --steps 300 --lr 7e-4 \
+    --curriculum 1024@0 --save-every 50 --mix "$MIX56" "${LAST6[@]}"
+  if [ "$ARCH" = qwen3_5 ]; then
+    # Stage 7, the dense twin only. Measured after stage 6 (the export's 15 items per task): niah_single_1 100,
+    # niah_multikey_2 33.3, niah_multikey_3 13.3, vt 8.0, fwe 11.1 (mean 33.1; MoE: 50.7 on 50 official items).
+    # Its supervised losses were still falling through stages 5-6 (niah_multikey_2 0.30 -> 0.22, vt 1.17 -> 0.94,
+    # fwe 2.18 -> 1.60; means of 150 steps) at about 3x the MoE model's on multi-key rows (0.22 vs 0.07), so:
+    # 900 more steps at 1,024 tokens, the learning rate back at stage 5's, multi-key and lookup rows weighted up.
+    # Measured after it: 100, 93.3, 33.3, 20.0, 20.0 (mean 53.3); on 50 official items 55.6 (model card).
+    stage stage7 --init "$OUT/stage6/final" --seed 16 --steps 900 --lr 1e-3 \
+      --curriculum 1024@0 --save-every 50 \
+      --mix echo=0.05,lookup=0.25,niah_multikey_2=0.25,niah_multikey_3=0.12,vt=0.15,chains=0.03,fwe=0.12,niah_single_1=0.02,repeat=0.01 \
+      "${EXPORT[@]}"
+  fi
+  INIT8="$OUT/stage6/final"
+  [ "$ARCH" = qwen3_5 ] && INIT8="$OUT/stage7/final"
+else
+  INIT8="kvbench/builtin/$NAME"  # the shipped weights (the export of stage 6 / 7)
 fi
-# Stage 4: back to every task, 512 then 1,024 tokens, keeping lookup and echo rows in the mix.
-stage stage4 --init "$BEFORE4" --seed 12 --steps 300 --lr 1.5e-3 \
-  --curriculum 512@0,1024@0.4 --save-every 50 \
-  --mix echo=0.1,lookup=0.25,niah_multikey_2=0.15,niah_multikey_3=0.05,vt=0.15,chains=0.1,fwe=0.12,niah_single_1=0.05,repeat=0.03 \
-  --eval-limit 0
-# Stages 5-6: more 1,024-token steps weighted to multi-key retrieval, vt and fwe (their losses were still
-# falling after stage 4); export after stage 6.
-MIX56=echo=0.05,lookup=0.2,niah_multikey_2=0.2,niah_multikey_3=0.1,vt=0.18,chains=0.07,fwe=0.15,niah_single_1=0.03,repeat=0.02
-stage stage5 --init "$OUT/stage4/final" --seed 13 --steps 450 --lr 1e-3 \
-  --curriculum 1024@0 --save-every 50 --mix "$MIX56" --eval-limit 0
-EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
-LAST6=("${EXPORT[@]}")
-[ "$ARCH" = qwen3_5 ] && LAST6=(--eval-limit 0)
-stage stage6 --init "$OUT/stage5/final" --seed 14 --steps 300 --lr 7e-4 \
-  --curriculum 1024@0 --save-every 50 --mix "$MIX56" "${LAST6[@]}"
-if [ "$ARCH" = qwen3_5 ]; then
-  # Stage 7, the dense twin only. Measured after stage 6 (the export's 15 items per task): niah_single_1 100,
-  # niah_multikey_2 33.3, niah_multikey_3 13.3, vt 8.0, fwe 11.1 (mean 33.1; MoE: 50.7 on 50 official items).
-  # Its supervised losses were still falling through stages 5-6 (niah_multikey_2 0.30 -> 0.22, vt 1.17 -> 0.94,
-  # fwe 2.18 -> 1.60; means of 150 steps) at about 3x the MoE model's on multi-key rows (0.22 vs 0.07), so:
-  # 900 more steps at 1,024 tokens, the learning rate back at stage 5's, multi-key and lookup rows weighted up.
-  # Measured after it: 100, 93.3, 33.3, 20.0, 20.0 (mean 53.3); on 50 official items 55.6 (model card).
-  stage stage7 --init "$OUT/stage6/final" --seed 16 --steps 900 --lr 1e-3 \
-    --curriculum 1024@0 --save-every 50 \
-    --mix echo=0.05,lookup=0.25,niah_multikey_2=0.25,niah_multikey_3=0.12,vt=0.15,chains=0.03,fwe=0.12,niah_single_1=0.02,repeat=0.01 \
-    "${EXPORT[@]}"
-fi
+# Stages 8-9: to 4,096 tokens, with SCBench's generated tasks (each row: a context and its five answered
+# questions) beside RULER's tasks and the lookup / chains rows. Stage 8 at 2,048 tokens, stage 9 at 4,096
+# (export after it: the model's default --length becomes 4,096, the longest row it was trained on).
+MIX89=scbench_kv=0.16,scbench_mf=0.07,scbench_prefix_suffix=0.1,scbench_vt=0.08,niah_single_1=0.05,niah_multikey_2=0.12,niah_multikey_3=0.08,vt=0.1,fwe=0.08,lookup=0.1,chains=0.04,repeat=0.02
+stage stage8 --init "$INIT8" --seed 20 --steps 200 --lr 1e-3 \
+  --curriculum 2048@0 --save-every 25 --mix "$MIX89" --eval-limit 0
+# Stage 9 takes 4 rows a step (8 rows of 4,096 tokens would be about 4x a 2,048-token step's time and memory:
+# stage 8 measured 9.6 GB resident with 8 x 2,048).
+stage stage9 --init "$OUT/stage8/final" --seed 21 --steps 250 --batch-size 4 --lr 7e-4 \
+  --curriculum 4096@0 --save-every 25 --mix "$MIX89" \
+  --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"
 bash scripts/calibrate_tiny.sh "$NAME"

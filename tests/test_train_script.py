@@ -34,10 +34,10 @@ def _layout(tmp_path: Path) -> Path:
     return repo
 
 
-def _run(repo: Path, arch: str) -> list[str]:
+def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
     calls = repo / "calls.txt"
     calls.unlink(missing_ok=True)
-    env = dict(os.environ, ARCH=arch, CALLS=str(calls))
+    env = dict(os.environ, ARCH=arch, CALLS=str(calls), FROM_SCRATCH="1" if from_scratch else "0")
     subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
     return calls.read_text().splitlines()
 
@@ -49,11 +49,15 @@ def _stages(calls: list[str]) -> list[str]:
 @pytest.mark.parametrize(
     "arch,name,order",
     [
-        ("qwen3_next", "tiny-trained", ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"]),
+        (
+            "qwen3_next",
+            "tiny-trained",
+            ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6", "stage8", "stage9"],
+        ),
         (
             "qwen3_5",
             "tiny-trained-dense",
-            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7"],
+            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9"],
         ),
     ],
 )
@@ -73,3 +77,20 @@ def test_stages_before_the_latest_finished_one_are_skipped(tmp_path, arch, name,
     final.mkdir(parents=True)
     (final / "model.safetensors").write_text("")
     assert _stages(_run(repo, arch)) == order
+
+
+@pytest.mark.parametrize(
+    "arch,name,last", [("qwen3_next", "tiny-trained", "stage6"), ("qwen3_5", "tiny-trained-dense", "stage7")]
+)
+def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch, name, last):
+    """Without FROM_SCRATCH the script trains only the 4,096-token stages, stage 8 from the shipped model;
+    with it, stage 8 starts from the last earlier stage's final/."""
+    repo = _layout(tmp_path)
+    calls = _run(repo, arch, from_scratch=False)
+    assert _stages(calls) == ["stage8", "stage9"] and calls[-1] == f"calibrate {name}"
+    assert f"--init kvbench/builtin/{name} " in calls[0]
+    assert f"--init models/{name}/stage8/final " in calls[1] and f"--export kvbench/builtin/{name}" in calls[1]
+    shutil.rmtree(repo / "models")
+    calls = _run(repo, arch)
+    stage8 = next(c for c in calls if "/stage8 " in c)
+    assert f"--init models/{name}/{last}/final " in stage8

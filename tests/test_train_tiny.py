@@ -438,3 +438,47 @@ def test_stage_compute_seconds_from_the_log():
     sentence = T.compute_sentence(args, log)
     assert "0.0 hours (minutes per stage: 0, 0)" in sentence
     assert T.compute_sentence(args, log * 900).endswith("1.8 hours (minutes per stage: 45, 60).")
+
+
+@pytest.mark.parametrize("task", T.SCBENCH_TASKS)
+def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(task):
+    """A generated SCBench row as training sees it: the context prompt exactly as evaluation renders it, then
+    each of the row's five questions (as evaluation renders it) with its reference answer and ``<|im_end|>``,
+    supervised; the supervised tokens spell the references (checked against the row's own context)."""
+    from kvbench.prompt import encode, render
+    from kvbench.tasks.scbench import build_context
+    from kvbench.tasks.scbench_generate import generate_row
+
+    tok = tokenizer()
+    ex = T.training_example(random.Random(5), 1536, tok, mix=((task, 1.0),))
+    assert ex.task == task and len(ex.references) == 5
+    ids = ex.input_ids.tolist()
+    mask = ex.loss_mask.tolist()
+    # rebuild the row independently: same generator seed as training_example draws
+    rng = random.Random(5)
+    rng.random()  # _choose_task
+    ex_seed = rng.randrange(T.TRAIN_SEED_BASE, 2**31)
+    target = rng.randint(1536 // 2, 1536)
+    name = task.removeprefix("scbench_")
+    eos = tok.eos_token_id
+
+    def need(row):
+        ctx = build_context(name, 0, row, {}, source="generated")
+        r = render(tok, ctx)
+        answers = [encode(tok, T._scbench_answer(name, q.references)) + [eos] for q in ctx.questions]
+        return len(r.context_ids) + sum(len(q) + len(a) for q, a in zip(r.question_ids, answers, strict=True))
+
+    row = generate_row(name, 0, length=target, seed=ex_seed, measure=need)
+    ctx = build_context(name, 0, row, {}, source="generated")
+    r = render(tok, ctx)
+    n = len(r.context_ids)
+    assert ids[:n] == r.context_ids and not any(mask[:n])
+    at = n
+    for q_ids, spec in zip(r.question_ids, ctx.questions, strict=True):
+        assert ids[at : at + len(q_ids)] == q_ids and not any(mask[at : at + len(q_ids)])
+        at += len(q_ids)
+        answer = encode(tok, T._scbench_answer(name, spec.references)) + [eos]
+        assert ids[at : at + len(answer)] == answer and all(mask[at : at + len(answer)])
+        at += len(answer)
+    assert not any(mask[at:]) and at <= 1536
+    assert ex.references == tuple(T._scbench_answer(name, q.references) for q in ctx.questions)
