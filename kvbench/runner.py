@@ -187,19 +187,18 @@ def _skip(config: RunConfig, errors: dict[str, KvbenchError], console: Console, 
     """Say that the tasks of ``errors`` cannot run, one line per distinct reason (tasks sharing one are named
     together, e.g. the SCBench tasks that need its hub data) and each distinct fix once, and
     ``record(task, reason)`` each (``missing.json``; the report lists them)."""
-    said: dict[tuple[str, str], list[str]] = {}
+    said: dict[tuple[bool, str], list[str]] = {}
     for task, exc in errors.items():
         missing = isinstance(exc, MissingDataError)
-        what = "missing its data" if missing else f"does not fit --length {config.length}"
-        said.setdefault((what, _reason(exc)), []).append(task)
+        said.setdefault((missing, _reason(exc)), []).append(task)
         record(task, str(exc) if missing else f"does not fit: {exc}")
-    for (what, reason), tasks in said.items():
+    for (missing, reason), tasks in said.items():
         one = len(tasks) == 1
         names = f"{config.bench}/{tasks[0]}" if one else f"{config.bench}/{', '.join(tasks)} ({len(tasks)} tasks)"
-        if what.startswith("missing"):
+        if missing:
             verb = "is missing its data" if one else "are missing their data"
         else:
-            verb = what if one else what.replace("does not", "do not")
+            verb = f"{'does' if one else 'do'} not fit --length {config.length}"
         console.print(f"{names} {verb}: {reason}", style="yellow", markup=False, soft_wrap=True)
     for fix in _fixes(list(errors.values())):
         console.print(
