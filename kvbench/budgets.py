@@ -25,16 +25,16 @@ engine (selection runs on the method's scores, not inside an engine).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
-from typing import Sequence
 
 import torch
 
 from kvbench.errors import KvbenchError
+from kvbench.registry import Registry
 
 PROTECTED_CAP = 256
 ALL_P: tuple[float, ...] = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-ALLOCATIONS: tuple[str, ...] = ("flat", "pyramid", "gate", "global")
 PYRAMID_BETA = 20
 PYRAMID_MIN = 4
 
@@ -159,21 +159,61 @@ def gate(k: int, gate_means: Sequence[float], capacity: int) -> list[int]:
     return apportion(list(gate_means), len(gate_means) * k, lo=0, hi=capacity)
 
 
+#: An allocation's per-layer counts: ``(k, n_layers, capacity, gate_means) -> [K_0, …, K_{L-1}]`` with
+#: ``sum == n_layers * k`` and every ``K_l`` in ``[0, capacity]`` (``gate_means``: one weight per attention layer,
+#: or None when the method gives none).
+LayerCounts = Callable[[int, int, int, Sequence[float] | None], list[int]]
+
+
+def flat_counts(k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+    """The ``flat`` allocation (:func:`flat`)."""
+    return flat(k, n_layers)
+
+
+def pyramid_counts(k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+    """The ``pyramid`` allocation (:func:`pyramid`)."""
+    return pyramid(k, n_layers, capacity)
+
+
+def gate_counts(k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+    """The ``gate`` allocation (:func:`gate`); needs one gate mean per attention layer."""
+    if gate_means is None or len(gate_means) != n_layers:
+        raise KvbenchError("the gate allocation needs one gate mean per attention layer")
+    return gate(k, gate_means, capacity)
+
+
+def global_counts(k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None) -> list[int]:
+    """The ``global`` allocation has no per-layer counts: it selects with :func:`select_global`."""
+    raise ValueError("the global allocation has no per-layer counts; use select_global")
+
+
+#: Every allocation (``--allocation``): built-ins and ``kvbench.allocations`` entry points, name -> its
+#: :data:`LayerCounts`. Also the collection of their names (``"gate" in ALLOCATIONS``, ``list(ALLOCATIONS)``).
+ALLOCATIONS: Registry[LayerCounts] = Registry(
+    "allocation",
+    "kvbench.allocations",
+    {
+        "flat": "kvbench.budgets:flat_counts",
+        "pyramid": "kvbench.budgets:pyramid_counts",
+        "gate": "kvbench.budgets:gate_counts",
+        "global": "kvbench.budgets:global_counts",
+    },
+)
+
+
 def layer_counts(
     allocation: str, k: int, n_layers: int, capacity: int, gate_means: Sequence[float] | None = None
 ) -> list[int]:
-    """Per-layer per-head counts for ``flat``, ``pyramid`` or ``gate`` (``global`` has none)."""
-    if allocation == "flat":
-        return flat(k, n_layers)
-    if allocation == "pyramid":
-        return pyramid(k, n_layers, capacity)
-    if allocation == "gate":
-        if gate_means is None or len(gate_means) != n_layers:
-            raise KvbenchError("the gate allocation needs one gate mean per attention layer")
-        return gate(k, gate_means, capacity)
-    if allocation == "global":
-        raise ValueError("the global allocation has no per-layer counts; use select_global")
-    raise KvbenchError(f"unknown allocation {allocation!r}; valid allocations: {', '.join(ALLOCATIONS)}")
+    """Per-layer per-head counts of ``allocation`` (``global`` has none), checked: ``n_layers`` counts in
+    ``[0, capacity]`` summing to ``n_layers * k`` (an allocation's total is exactly the budget ``B``)."""
+    counts = ALLOCATIONS.get(allocation)(k, n_layers, capacity, gate_means)
+    if len(counts) != n_layers or sum(counts) != n_layers * k or not all(0 <= c <= capacity for c in counts):
+        raise KvbenchError(
+            f"allocation {allocation!r} ({ALLOCATIONS.source(allocation)}) gave per-layer counts {counts} for k={k}, "
+            f"{n_layers} layers, capacity {capacity}: expected {n_layers} counts in [0, {capacity}] summing to "
+            f"{n_layers * k}"
+        )
+    return counts
 
 
 def _with_protected(body_idx: torch.Tensor, prot: int) -> torch.Tensor:

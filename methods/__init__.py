@@ -24,35 +24,42 @@ or str). A method instance with a non-default option has the :attr:`EvictionMeth
 rows, in the results store or in reports) and the options in ``method_options``.
 
 A method that scores with an offline artifact (calibration statistics, a trained estimator) overrides
-:meth:`EvictionMethod.artifact_sha256`, so its rows record which artifact they were scored with.
+:meth:`EvictionMethod.artifact_sha256`, so its rows record which artifact they were scored with; one that
+computes its artifact itself overrides :meth:`EvictionMethod.calibrate` (``kvbench calibrate METHOD``). A
+method's own CLI sub-commands are a typer app registered in :data:`COMMANDS` under the name its class gives as
+``commands`` (``kvbench <name> …``).
 
-Third-party packages register methods through the ``kvbench.methods`` entry-point group, each entry
-pointing at an :class:`EvictionMethod` subclass (``mymethod = mypkg.module:MyMethod``).
+Third-party packages register methods through the ``kvbench.methods`` entry-point group, the key being the
+method's name (``keynorm = mypkg.keynorm:KeyNorm``; the class's ``name`` must agree), and commands through
+``kvbench.commands`` (``keynorm = mypkg.cli:app``). A name taken twice is an error naming both sources.
 
 A *query-aware* method (a ceiling, not a query-agnostic competitor) subclasses :class:`QueryAwareMethod` and
 implements :meth:`EvictionMethod.score_question`: the runner then scores and forks once per (question, p),
 still from the one parent prefill, and its rows carry ``"query_aware": true``.
+
+This package holds the registries and their tables of built-ins only; the classes and functions live in
+:mod:`kvbench.methods.base` and are re-exported here on first use, so importing the package imports no torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
+from kvbench.registry import Registry
 
-from kvbench import budgets
-from kvbench.engines.base import ParentSession
-from kvbench.errors import KvbenchError
+if TYPE_CHECKING:
+    from kvbench.methods.base import EvictionMethod
 
 __all__ = [
+    "BUILTIN_COMMANDS",
+    "BUILTIN_METHODS",
+    "COMMANDS",
+    "METHODS",
     "EvictionMethod",
     "QueryAwareMethod",
     "QuestionInput",
+    "declares_no_artifact",
     "get_method",
     "list_methods",
     "method_class",
@@ -60,238 +67,44 @@ __all__ = [
     "register_method",
 ]
 
+#: The built-in methods: name -> "module:class".
+BUILTIN_METHODS: dict[str, str] = {
+    "full": "kvbench.methods.full:Full",
+    "random": "kvbench.methods.random_method:Random",
+    "snapkv": "kvbench.methods.snapkv:SnapKV",
+    "keydiff": "kvbench.methods.keydiff:KeyDiff",
+    "triattention": "kvbench.methods.triattention:TriAttention",
+    "kvzip": "kvbench.methods.kvzip:KVzip",
+    "gatesight": "kvbench.methods.gatesight.method:GateSight",
+    "oracle": "kvbench.methods.oracle:Oracle",
+}
 
-@dataclass(frozen=True)
-class QuestionInput:
-    """What a query-aware method sees of one question: ``token_ids``, exactly the tokens a child is fed after
-    the context (the question inside the user turn, the end of the turn, the assistant header and the answer
-    prefix), and ``max_new_tokens``, the question's answer budget in tokens. Never the references."""
+#: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app".
+BUILTIN_COMMANDS: dict[str, str] = {"gatesight": "kvbench.methods.gatesight.cli:app"}
 
-    token_ids: tuple[int, ...]
-    max_new_tokens: int
-
-
-class EvictionMethod(ABC):
-    """Base class of every eviction method.
-
-    Class attributes:
-      name: registry name (CLI ``--method``).
-      default_allocation: allocation used when the user gives none.
-      allocations: allocations this method's scores support.
-      fixed_p: if set, the method runs only at this kept fraction (``full`` runs at 1.0).
-      extra_passes: True if scoring runs extra model passes (its cost is then part of the report).
-      query_window: trailing context positions whose queries the method reads (``parent.queries``).
-      fingerprint: the model fingerprint an offline artifact must match; None: the parent's.
-      query_aware: True if the method sees each question (:class:`QueryAwareMethod`); the runner then calls
-        :meth:`score_question` per question instead of :meth:`score` once per context.
-      options: user-settable attributes (``--set METHOD.OPTION=VALUE``), name -> one-line help; the
-        class attribute of that name is the default.
-    """
-
-    name: ClassVar[str] = ""
-    default_allocation: ClassVar[str] = "flat"
-    allocations: ClassVar[tuple[str, ...]] = budgets.ALLOCATIONS
-    fixed_p: ClassVar[float | None] = None
-    extra_passes: ClassVar[bool] = False
-    query_window: ClassVar[int] = 0
-    fingerprint: str | None = None
-    query_aware: ClassVar[bool] = False
-    options: ClassVar[dict[str, str]] = {}
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
-
-    def set_options(self, values: Mapping[str, str]) -> None:
-        """Set options from their command-line text (``"false"``, ``"3"``, …), converted to the type of
-        the default; an unknown option or a value of the wrong type is a :class:`KvbenchError`."""
-        for option, text in values.items():
-            if option not in self.options:
-                known = ", ".join(sorted(self.options)) or "none"
-                raise KvbenchError(f"method {self.name} has no option {option!r} (its options: {known})")
-            setattr(self, option, _convert(text, getattr(type(self), option), f"{self.name}.{option}"))
-
-    def method_options(self) -> dict[str, bool | int | float | str]:
-        """The options that differ from the class defaults (empty for a default instance)."""
-        return {o: getattr(self, o) for o in sorted(self.options) if getattr(self, o) != getattr(type(self), o)}
-
-    @property
-    def label(self) -> str:
-        """``name``, or ``name[OPTION=VALUE,…]`` when an option differs from its default (what rows record)."""
-        opts = self.method_options()
-        if not opts:
-            return self.name
-        return f"{self.name}[{','.join(f'{o}={_text(v)}' for o, v in opts.items())}]"
-
-    def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
-        """The hex SHA-256 of the offline artifact (calibration statistics, trained estimator) this instance
-        scores the model of ``model_fingerprint`` with; None (the default) for a method that uses none.
-
-        A method whose scores depend on a file overrides this: it reads the file here (once, and scores
-        with what it read) and returns the digest of those bytes. The runner calls it once per run, before
-        anything is written, so a missing or mismatched artifact fails first; rows record the digest as
-        ``artifact_sha256``, part of their identity: rows scored with another artifact are never reused.
-        """
-        return None
-
-    def model_fingerprint(self, parent: ParentSession | None = None) -> str | None:
-        """``fingerprint`` if set, else the parent's ``model_fingerprint`` (None when unknown): the model an
-        offline artifact (calibration statistics, trained estimator) must have been made for."""
-        return self.fingerprint or getattr(parent, "model_fingerprint", None)
-
-    @abstractmethod
-    def score(self, parent: ParentSession) -> list[torch.Tensor]:
-        """Per attention layer ordinal ``f``, a ``[H_kv, n]`` tensor of scores (higher = keep)."""
-
-    def score_question(self, parent: ParentSession, question: QuestionInput) -> list[torch.Tensor]:
-        """Query-aware methods only: the scores of :meth:`score` for one question of the parent's context."""
-        raise KvbenchError(f"method {self.name} is query-agnostic: it scores once per context with score()")
-
-    def gate_means(self, parent: ParentSession) -> list[float]:
-        """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
-        return parent.gate_means()
-
-    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
-        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
-        n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
-        k = budgets.per_head_budget(n, prot, p)
-        if allocation == "global":
-            return budgets.select_global(scores, budgets.total_budget(n, prot, p, L, H), prot)
-        weights = self.gate_means(parent) if allocation == "gate" else None
-        counts = budgets.layer_counts(allocation, k, L, n - prot, weights)
-        return budgets.select_per_head(scores, counts, prot)
+_BASE = "kvbench.methods.base"  # where the re-exported names live, imported on first use
+_REEXPORTED = frozenset(__all__) - {"BUILTIN_COMMANDS", "BUILTIN_METHODS", "COMMANDS", "METHODS"}
 
 
-class QueryAwareMethod(EvictionMethod):
-    """Base class of the methods that see the question (ceilings such as ``oracle``): implement
-    :meth:`score_question`; the runner scores, selects and forks per (question, allocation, p)."""
-
-    query_aware: ClassVar[bool] = True
-
-    def score(self, parent: ParentSession) -> list[torch.Tensor]:
-        raise KvbenchError(f"method {self.name} is query-aware: it scores per question with score_question()")
-
-    @abstractmethod
-    def score_question(self, parent: ParentSession, question: QuestionInput) -> list[torch.Tensor]:
-        """Per attention layer ordinal ``f``, a ``[H_kv, n]`` tensor of scores (higher = keep) for ``question``."""
+def _check_method(name: str, cls: object) -> None:
+    importlib.import_module(_BASE).check_method(name, cls)
 
 
-_METHODS: dict[str, type[EvictionMethod]] = {}
-_BUILTIN_MODULES = (
-    "kvbench.methods.full",
-    "kvbench.methods.random_method",
-    "kvbench.methods.snapkv",
-    "kvbench.methods.keydiff",
-    "kvbench.methods.triattention",
-    "kvbench.methods.kvzip",
-    "kvbench.methods.gatesight",
-    "kvbench.methods.oracle",
-)
-_loaded = False
+#: Every eviction method: built-ins, ``kvbench.methods`` entry points, ``register_method`` classes.
+METHODS: Registry[type[EvictionMethod]] = Registry("method", "kvbench.methods", BUILTIN_METHODS, check=_check_method)
+
+#: CLI sub-commands contributed by methods (typer apps): built-ins and ``kvbench.commands`` entry points.
+COMMANDS: Registry[Any] = Registry("command", "kvbench.commands", BUILTIN_COMMANDS)
 
 
-def register_method(cls: type[EvictionMethod]) -> type[EvictionMethod]:
-    """Class decorator: make ``cls`` available as ``--method <cls.name>``."""
-    if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
-        raise TypeError(f"{cls!r} is not an EvictionMethod subclass")
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _METHODS and _METHODS[cls.name] is not cls:
-        raise ValueError(f"method {cls.name!r} is already registered by {_METHODS[cls.name].__qualname__}")
-    if cls.query_aware != issubclass(cls, QueryAwareMethod):
-        raise ValueError(f"{cls.__name__}: a query-aware method subclasses QueryAwareMethod (query_aware = True)")
-    unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
-    if unknown or cls.default_allocation not in cls.allocations:
-        raise ValueError(f"{cls.__name__}: bad allocations {cls.allocations} / default {cls.default_allocation!r}")
-    _METHODS[cls.name] = cls
-    return cls
+def __getattr__(name: str) -> Any:
+    """``EvictionMethod``, ``register_method``, … from :mod:`kvbench.methods.base`, imported on first use."""
+    if name in _REEXPORTED:
+        value = getattr(importlib.import_module(_BASE), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
-    for ep in entry_points(group="kvbench.methods"):
-        try:
-            cls = ep.load()
-        except Exception as exc:  # a broken plugin must not hide the built-ins, but must be visible
-            raise KvbenchError(
-                f"the kvbench.methods entry point {ep.name!r} ({ep.value}) failed to load: {exc}"
-            ) from exc
-        if getattr(cls, "name", None) not in _METHODS:
-            register_method(cls)
-
-
-def list_methods() -> list[str]:
-    _load()
-    return sorted(_METHODS)
-
-
-def method_class(name: str) -> type[EvictionMethod]:
-    _load()
-    if name not in _METHODS:
-        raise KvbenchError(f"unknown method {name!r}; valid methods: {', '.join(sorted(_METHODS))}")
-    return _METHODS[name]
-
-
-def declares_no_artifact(name: str) -> bool:
-    """Whether the method registered under ``name`` (or a row's ``name[OPTION=VALUE,…]`` label) reads no offline
-    artifact (it keeps the base class's :meth:`EvictionMethod.artifact_sha256`, which returns None); False for a
-    name not registered here."""
-    try:
-        cls = method_class(name.split("[", 1)[0])
-    except KvbenchError:
-        return False
-    return cls.artifact_sha256 is EvictionMethod.artifact_sha256
-
-
-def get_method(name: str, seed: int = 0, options: Mapping[str, str] | None = None) -> EvictionMethod:
-    """Instantiate the method registered under ``name``, with ``options`` (option -> text) set."""
-    method = method_class(name)(seed=seed)
-    method.set_options(options or {})
-    return method
-
-
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-
-def _convert(text: str, default: object, what: str) -> bool | int | float | str:
-    """``text`` as the type of ``default`` (bool: true/false/1/0/yes/no/on/off)."""
-    low = text.strip().lower()
-    if isinstance(default, bool):
-        if low in _TRUE + _FALSE:
-            return low in _TRUE
-        raise KvbenchError(f"--set {what}={text}: expected true or false")
-    for kind in (int, float):
-        if isinstance(default, kind):
-            try:
-                return kind(text)
-            except ValueError:
-                raise KvbenchError(f"--set {what}={text}: expected a number ({kind.__name__})") from None
-    if isinstance(default, str):
-        return text
-    raise KvbenchError(f"--set {what}: this option has no command-line form")
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, str]]:
-    """``["triattention.zero_freq_bands=false", …]`` -> ``{"triattention": {"zero_freq_bands": "false"}}``.
-
-    Checks the form and that the method exists; option names and values are checked by
-    :meth:`EvictionMethod.set_options`. Setting one option twice is an error."""
-    out: dict[str, dict[str, str]] = {}
-    for item in items:
-        target, eq, value = item.partition("=")
-        method, dot, option = target.strip().partition(".")
-        if not (eq and dot and method and option):
-            raise KvbenchError(f"--set {item!r} is not of the form METHOD.OPTION=VALUE (e.g. triattention.mlr=false)")
-        method_class(method)
-        if option in out.get(method, {}):
-            raise KvbenchError(f"--set {method}.{option} is given twice; keep one")
-        out.setdefault(method, {})[option] = value.strip()
-    return out
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _REEXPORTED)

@@ -10,20 +10,23 @@ A :class:`Bench` yields :class:`Context` objects. A context is split the query-a
   ``max_new_tokens``, references and scorer names.
 
 The engine renders these pieces through the model's chat template (``kvbench.prompt``); a bench only
-produces text. Benches register with :func:`register_bench` and are looked up by name.
+produces text. Benches are registered in :data:`BENCHES`: the built-ins by table, plugins through the
+``kvbench.benches`` entry-point group (``mybench = mypkg.bench:MyBench``, the key being the bench's ``name``),
+others with :func:`register_bench`; they are looked up by name.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kvbench.errors import KvbenchError
+from kvbench.registry import Registry, RegistryError, UnknownNameError
 
 __all__ = [
+    "BENCHES",
+    "BUILTIN_BENCHES",
     "Question",
     "Context",
     "Bench",
@@ -123,45 +126,55 @@ class Bench(ABC):
         ``prompt_length(context)`` plus the question's ``max_new_tokens`` is at most ``length``."""
 
 
-class UnknownBenchError(KvbenchError):
+class UnknownBenchError(UnknownNameError):
     """No bench is registered under the given name."""
 
 
-_BENCHES: dict[str, type[Bench]] = {}
-_BUILTIN_MODULES = ("kvbench.tasks.needle", "kvbench.tasks.ruler", "kvbench.tasks.scbench")
+#: The built-in benches: name -> "module:class".
+BUILTIN_BENCHES: dict[str, str] = {
+    "needle": "kvbench.tasks.needle:NeedleBench",
+    "ruler": "kvbench.tasks.ruler:RulerBench",
+    "scbench": "kvbench.tasks.scbench:SCBenchBench",
+}
+
+
+def _check_bench(name: str, cls: object) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Bench)):
+        raise RegistryError(f"bench {name!r}: {cls!r} is not a Bench subclass")
+
+
+#: Every bench: built-ins, ``kvbench.benches`` entry points and :func:`register_bench` classes.
+BENCHES: Registry[type[Bench]] = Registry(
+    "bench", "kvbench.benches", BUILTIN_BENCHES, plural="benches", check=_check_bench
+)
 
 
 def register_bench(cls: type[Bench]) -> type[Bench]:
-    """Class decorator: make a bench available by its ``name``."""
+    """Class decorator: make a bench available by its ``name``; a name taken by another bench is a
+    :class:`~kvbench.registry.RegistryError` naming both."""
     if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in _BENCHES and _BENCHES[cls.name] is not cls:
-        raise ValueError(f"bench {cls.name!r} is already registered by {_BENCHES[cls.name].__name__}")
-    _BENCHES[cls.name] = cls
+        raise RegistryError(f"{cls.__name__} has no name")
+    BENCHES.add(cls.name, cls, f"register_bench({cls.__module__}.{cls.__qualname__})")
     return cls
 
 
-def _load_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
-
-
 def list_benches() -> list[str]:
-    _load_builtins()
-    return sorted(_BENCHES)
+    """Every registered bench name, sorted (nothing imported)."""
+    return sorted(BENCHES.names())
 
 
 def bench_title(name: str) -> str:
     """The display name of bench ``name`` (its class's ``title``, e.g. "SCBench"), or ``name`` itself for a
     bench that has none or is not registered here."""
-    _load_builtins()
-    cls = _BENCHES.get(name)
-    return getattr(cls, "title", "") or name
+    if name not in BENCHES:
+        return name
+    return getattr(BENCHES.get(name), "title", "") or name
 
 
 def get_bench(name: str) -> Bench:
     """Instantiate the bench registered under ``name``; unknown names list the valid ones."""
-    _load_builtins()
-    if name not in _BENCHES:
-        raise UnknownBenchError(f"unknown bench {name!r}; valid benches: {', '.join(sorted(_BENCHES))}")
-    return _BENCHES[name]()
+    try:
+        cls = BENCHES.get(name)
+    except UnknownNameError as exc:
+        raise UnknownBenchError(str(exc)) from None
+    return cls()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kvbench import scorers
+from kvbench.registry import Registry
 from kvbench.scorers import UnknownScorerError, get_scorer, list_scorers, register_scorer, score
 from kvbench.scorers.ruler import postprocess_pred, string_match_all, string_match_part
 
@@ -37,8 +38,8 @@ def test_unknown_scorer_lists_valid_names():
 
 
 def test_register_custom_and_conflict(monkeypatch):
-    list_scorers()  # load the built-ins, then register into a throwaway copy of the registry
-    monkeypatch.setattr(scorers, "_SCORERS", dict(scorers._SCORERS))
+    # register into a throwaway registry with the same built-ins
+    monkeypatch.setattr(scorers, "SCORERS", Registry("scorer", "kvbench.scorers", scorers.BUILTIN_SCORERS))
 
     @register_scorer("test_exact_match_tmp")
     def exact(prediction, references):
