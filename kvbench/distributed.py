@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvbench.cpu import local_cores
 from kvbench.errors import KvbenchError
 from kvbench.runner import RunConfig, RunSummary
 
@@ -78,14 +79,6 @@ def import_ray() -> Any:
     except ImportError:
         raise KvbenchError(f"--ray needs Ray, an optional extra: {RAY_INSTALL}") from None
     return ray
-
-
-def local_cores() -> int:
-    """CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def check_options(config: RunConfig, options: RayOptions) -> None:
@@ -177,7 +170,10 @@ def _cause(exc: BaseException) -> BaseException:
 
 
 def _one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, at most 300 characters."""
+    """``Type: first line of the message``, at most 300 characters; under ``--debug`` (``KVBENCH_DEBUG``) the
+    whole message, which for a worker's exception includes its remote traceback."""
+    if os.environ.get("KVBENCH_DEBUG"):
+        return f"{type(exc).__name__}: {exc}"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
+from kvbench.engines.attention import register_attention
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
-from kvbench.engines.torch_engine import ATTN_IMPL
 from kvbench.errors import ModelError
 
 CHAT_TEMPLATE = (
@@ -166,7 +166,8 @@ def build_random(config, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPL, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=register_attention(), dtype=torch.float32)
+    return model.eval()
 
 
 def materialize_builtin(name: str) -> Path:
@@ -301,7 +302,7 @@ def load_model(name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dt
         )
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_IMPL, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_attention(), dtype=torch_dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or corrupt weights file
         raise ModelError(f"--model {name_or_path}: cannot load its weights ({_one_line(exc)})") from None
     model = model.to(device).eval()

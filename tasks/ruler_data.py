@@ -1,6 +1,6 @@
 """RULER's fixed ingredients: templates, word lists, sentence splitting and the QA file parsers.
 
-Nothing here reads a data file or draws a random number; :mod:`kvbench.tasks.ruler` does both. Every
+Nothing here reads a data file or draws a random number; :mod:`kvbench.tasks.ruler_tasks` does both. Every
 constant mirrors NVIDIA/RULER ``scripts/data/synthetic/constants.py`` and ``scripts/synthetic.yaml``.
 
 Word lists come from ``wonderwords==3.0.1`` (the lists ship in the wheel; versions differ, e.g. the

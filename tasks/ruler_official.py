@@ -45,13 +45,13 @@ from collections.abc import Callable, Iterator
 
 from kvbench.errors import KvbenchError, TooShortError
 from kvbench.tasks import Context, PromptLength, Question
+from kvbench.tasks.ruler_data import VT
+from kvbench.tasks.ruler_tasks import VT_HOPS, VT_ICL_TOKENS, RulerTask, data_dir, vt_context
 
-__all__ = ["FLOOR_REDRAWS", "official_items", "ruler_row", "text_tokens", "write_ruler_jsonl"]
+__all__ = ["FLOOR_REDRAWS", "official_items", "text_tokens"]
 
 #: Fresh draws at the increment before kvbench stops repeating RULER's endless retry loop.
 FLOOR_REDRAWS = 64
-_VT_ICL_LENGTH = 500  # RULER builds vt's one-shot example with max_seq_length=500
-_VT_HOPS = 4
 
 
 def text_tokens(measure: PromptLength) -> Callable[[str], int]:
@@ -71,7 +71,7 @@ def text_tokens(measure: PromptLength) -> Callable[[str], int]:
 class _Run:
     """One task's RULER streams and token accounting."""
 
-    def __init__(self, gen, measure: PromptLength):
+    def __init__(self, gen: RulerTask, measure: PromptLength):
         import numpy as np
 
         self.gen, self.measure = gen, measure
@@ -182,8 +182,8 @@ def _niah_size(run: _Run, sample: Callable[[int], Context], inc: int) -> int:
 
 def _vt_names(run: _Run, size: int) -> list[str]:
     """RULER's ``generate_chains`` names for one chain: ``size``-letter strings, redrawn while repeated."""
-    names = ["".join(run.rand.choices(string.ascii_uppercase, k=size)) for _ in range(_VT_HOPS + 1)]
-    while len(set(names)) < _VT_HOPS + 1:
+    names = ["".join(run.rand.choices(string.ascii_uppercase, k=size)) for _ in range(VT_HOPS + 1)]
+    while len(set(names)) < VT_HOPS + 1:
         names.append("".join(run.rand.choices(string.ascii_uppercase, k=size)))
     return names
 
@@ -193,16 +193,13 @@ class _VtCrash(Exception):
 
 
 def _vt(run: _Run, count: int) -> Iterator[Context]:
-    from kvbench.tasks.ruler import _vt_context
-    from kvbench.tasks.ruler_data import VT
-
     gen = run.gen
     raw = text_tokens(run.measure)
 
     def chain(icl: bool) -> tuple[list[str], str | None]:
         names = _vt_names(run, 3 if icl else 5)
         value = None if icl else str(run.np.randint(10000, 99999))
-        if len(names) > _VT_HOPS + 1:  # RULER starts a second chain from the extra name, then fails
+        if len(names) > VT_HOPS + 1:  # RULER starts a second chain from the extra name, then fails
             if not icl:
                 run.np.randint(10000, 99999)
             raise _VtCrash
@@ -223,23 +220,23 @@ def _vt(run: _Run, count: int) -> Iterator[Context]:
         return call
 
     def body(names: list[str], value: str, n: int) -> str:
-        positions = sorted(run.rand.sample(range(n), _VT_HOPS + 1))
-        return _vt_context(names, value, n, positions)
+        positions = sorted(run.rand.sample(range(n), VT_HOPS + 1))
+        return vt_context(names, value, n, positions)
 
     # 1. The one-shot example: RULER's first call (max_seq_length 500, step 5, nothing generated).
     def icl_text(n: int) -> tuple[str, list[str]]:
         names, _ = chain(icl=True)
-        text = VT.full().format(context=body(names, "12345", n), query="12345", num_v=_VT_HOPS + 1)
+        text = VT.full().format(context=body(names, "12345", n), query="12345", num_v=VT_HOPS + 1)
         return text, names
 
-    est = _estimate(raw(searching(icl_text)(5)[0]), 5, _VT_ICL_LENGTH)
-    best = run.search(lambda mid: raw(searching(icl_text)(mid)[0]), 5, max(est, 10), _VT_ICL_LENGTH)
+    est = _estimate(raw(searching(icl_text)(5)[0]), 5, VT_ICL_TOKENS)
+    best = run.search(lambda mid: raw(searching(icl_text)(mid)[0]), 5, max(est, 10), VT_ICL_TOKENS)
     n = best if best is not None else 5
     misses = 0
     while True:
         try:
             text, names = icl_text(n)
-            if raw(text) <= _VT_ICL_LENGTH:
+            if raw(text) <= VT_ICL_TOKENS:
                 break
         except _VtCrash:  # RULER's retry loop catches it
             pass
@@ -262,7 +259,7 @@ def _vt(run: _Run, count: int) -> Iterator[Context]:
 
     def randomized_example() -> str:
         out = example
-        for name in out.strip().split()[-(_VT_HOPS + 1) :]:
+        for name in out.strip().split()[-(VT_HOPS + 1) :]:
             out = out.replace(name, "".join(run.rand.choices(string.ascii_uppercase, k=len(name))))
         return out.replace("12345", str(run.np.randint(10000, 99999)))
 
@@ -301,8 +298,6 @@ class _CweWords:
 
     def fallback(self, k: int) -> list[str]:
         if self._fallback is None:
-            from kvbench.tasks.ruler import data_dir
-
             root = data_dir()
             path = None if root is None else root / "ruler" / "english_words.json"
             if path is None or not path.is_file():
@@ -322,8 +317,8 @@ def _cwe(run: _Run, count: int) -> Iterator[Context]:
     (ex_n, ex_common, ex_uncommon), repeats = gen.example, gen.repeats
 
     def sample(item: int, n: int) -> Context:
-        ex_context, ex_answer = gen._listing(words.sample(run.rand, ex_n), ex_common, ex_uncommon)
-        body, answer = gen._listing(words.sample(run.rand, n), *repeats)
+        ex_context, ex_answer = gen.listing(words.sample(run.rand, ex_n), ex_common, ex_uncommon)
+        body, answer = gen.listing(words.sample(run.rand, n), *repeats)
         return gen.assemble(item, n, ex_context, ex_answer, body, answer)
 
     inc = 10
@@ -388,86 +383,9 @@ def _qa(run: _Run, count: int) -> Iterator[Context]:
 _FAMILIES = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe, "qa": _qa}
 
 
-def official_items(gen, count: int, measure: PromptLength) -> Iterator[Context]:
-    """The first ``count`` items of RULER's scripts for task generator ``gen`` (a ``kvbench.tasks.ruler``
-    task: it supplies the text assembly; the draws and sizing are RULER's, see the module docstring)."""
+def official_items(gen: RulerTask, count: int, measure: PromptLength) -> Iterator[Context]:
+    """The first ``count`` items of RULER's scripts for task generator ``gen`` (it supplies the text assembly;
+    the draws and sizing are RULER's, see the module docstring)."""
     if count <= 0:
         return iter(())
     return _FAMILIES[gen.family](_Run(gen, measure), count)
-
-
-# --------------------------------------------------------------------------------------------------
-# RULER's jsonl schema
-
-
-def ruler_row(index: int, ctx: Context, full_text: str, text_tokens: Callable[[str], int]) -> dict:
-    """RULER's jsonl row for one kvbench context (``prepare.py``'s schema, key order included).
-
-    full_text: the whole prompt (``kvbench.prompt.prompt_text``), which ends with the answer prefix.
-    ``input`` is the text before the answer prefix (with its separating space under the base template,
-    where RULER's ``answer_prefix`` starts with that space); ``length`` is ``meta["prompt_tokens"]`` plus
-    ``max_new_tokens``; niah rows replace ``index`` with the answer's character offset in ``input`` and
-    add ``token_position_answer``, the tokens before it, as RULER's niah.py does.
-    """
-    q = ctx.questions[0]
-    cut = full_text.rfind(q.answer_prefix) if q.answer_prefix else len(full_text)
-    if cut > 0 and full_text[cut - 1] == " ":
-        cut -= 1  # RULER's answer prefix carries the space
-    text, prefix = full_text[:cut], full_text[cut:]
-    length = int(ctx.meta["prompt_tokens"]) + q.max_new_tokens
-    outputs = list(q.references)
-    if ctx.task.startswith("niah"):
-        pos = text.find(outputs[0])
-        return {
-            "index": pos,
-            "input": text,
-            "outputs": outputs,
-            "length": length,
-            "length_w_model_temp": length,
-            "answer_prefix": prefix,
-            "token_position_answer": text_tokens(text[:pos]),
-        }
-    return {
-        "index": index,
-        "input": text,
-        "outputs": outputs,
-        "length": length,
-        "length_w_model_temp": length,
-        "answer_prefix": prefix,
-    }
-
-
-def write_ruler_jsonl(
-    tokenizer, task: str, *, length: int, limit: int, seed: int, out, sampling: str = "official"
-) -> int:
-    """Write ``limit`` items of RULER ``task`` in RULER's jsonl schema to ``out`` (atomically: a
-    temporary file beside it, then a rename, so an existing file is replaced whole or not at all).
-    ``tokenizer``: a Hugging Face tokenizer; its chat template, if any, wraps the prompt. Returns the
-    number of rows written. Data files come from ``$KVBENCH_DATA_DIR`` as for ``kvbench run``."""
-    import os
-    from pathlib import Path
-
-    from kvbench.prompt import prompt_length, prompt_text
-    from kvbench.tasks.ruler import TASKS, generate
-
-    if task not in TASKS:
-        raise KvbenchError(f"unknown RULER task {task!r}; valid tasks: {', '.join(TASKS)}")
-    measure = prompt_length(tokenizer)
-    out = Path(out)
-    rows = [
-        ruler_row(i, ctx, prompt_text(tokenizer, ctx), measure.text_tokens)
-        for i, ctx in enumerate(
-            generate("ruler", task, length=length, limit=limit, seed=seed, prompt_length=measure, sampling=sampling)
-        )
-    ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=True) + "\n")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return len(rows)

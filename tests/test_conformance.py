@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from kvbench import budgets
-from kvbench.engines.torch_engine import ATTN_IMPL, RaggedKV, TorchEngine, kvbench_sdpa
+from kvbench.engines.attention import ATTN_IMPL, RaggedKV, kvbench_sdpa
+from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.runner import RunConfig
 from tests.conftest import tiny_model
@@ -432,3 +435,18 @@ def test_bad_kept_sets_are_rejected():
 
 def test_engine_uses_kvbench_attention(family):
     assert tiny_model(family).config._attn_implementation == ATTN_IMPL
+
+
+def test_attention_is_registered_explicitly_and_idempotently():
+    """Importing the engine and the model loader registers nothing with transformers; register_attention() does,
+    the same function under the same name however often it is called (a fresh interpreter: other tests
+    register it in this one)."""
+    code = (
+        "from transformers import AttentionInterface\n"
+        "import kvbench.engines.torch_engine, kvbench.models\n"
+        "from kvbench.engines.attention import ATTN_IMPL, kvbench_sdpa, register_attention\n"
+        "assert ATTN_IMPL not in AttentionInterface().valid_keys()\n"
+        "assert register_attention() == register_attention() == ATTN_IMPL\n"
+        "assert AttentionInterface()[ATTN_IMPL] is kvbench_sdpa\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

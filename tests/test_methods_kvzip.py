@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from kvbench.engines.attention import sdpa_with_lse
 from kvbench.engines.base import attention_logsumexp
-from kvbench.engines.torch_engine import TorchEngine, _sdpa_with_lse
+from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import get_method
 from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chunk_attention_max
 from kvbench.models import byte_tokenizer, load_model
@@ -66,7 +67,7 @@ def test_sdpa_with_lse_equals_sdpa_and_explicit_lse(fused):
         query = torch.randn(1, H, q_len, D, generator=g)
         key, value = k[:, :, :kv_len], v[:, :, :kv_len]
         visible = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
-        out, lse = _sdpa_with_lse(query, key, value, 0.25, fused=fused)
+        out, lse = sdpa_with_lse(query, key, value, 0.25, fused=fused)
         ref = F.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=0.25, enable_gqa=True)
         if fused and (q_len == 1 or q_len == kv_len):
             square = F.scaled_dot_product_attention(query, key, value, is_causal=q_len > 1, scale=0.25, enable_gqa=True)

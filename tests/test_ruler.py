@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kvbench.errors import KvbenchError
 from kvbench.scorers import get_scorer
-from kvbench.tasks import Context, get_bench, list_benches, ruler
+from kvbench.tasks import Context, get_bench, list_benches, ruler, ruler_tasks
 from kvbench.tasks.ruler import MissingDataError, RulerBench
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ruler"
@@ -371,7 +371,7 @@ def test_qa_squad_documents_gold_then_same_article_then_others(data_dir):
     data = json.loads((FIXTURES / "squad.json").read_text())["data"]
     article_of = {p["context"]: a["title"] for a in data for p in a["paragraphs"]}
     total = len(article_of)
-    gen = ruler._make_task("ruler", "qa_1", 42, 4096)
+    gen = ruler_tasks.make_task("ruler", "qa_1", 42, 4096)
     for item, (_, _, gold) in enumerate(squad_answerable()):
         same = sum(article_of[c] == article_of[gold] for c in article_of)
         for n in range(1, total + 3):
@@ -413,7 +413,7 @@ def test_within_budget_fake_and_byte_tokenizer(task, data_dir, byte_length):
 @pytest.mark.parametrize("task", ["niah_single_1", "niah_single_2", "niah_multikey_2", "vt", "cwe", "fwe", "qa_1"])
 def test_probe_is_maximal_and_items_step_down_by_rulers_increment(task, data_dir):
     length = 4096
-    gen = ruler._make_task("ruler", task, 42, length)
+    gen = ruler_tasks.make_task("ruler", task, 42, length)
     gen.prepare(words)  # vt sizes its one-shot example with the tokenizer
     inc = gen.incremental()
     assert (
@@ -441,9 +441,9 @@ def test_probe_is_maximal_and_items_step_down_by_rulers_increment(task, data_dir
 
 
 def test_small_lengths_use_step_five():
-    assert ruler._make_task("ruler", "niah_single_1", 0, 4095).incremental() == 5
-    assert ruler._make_task("ruler", "vt", 0, 2048).incremental() == 5
-    assert ruler._make_task("ruler", "vt", 0, 4096).incremental() == 10
+    assert ruler_tasks.make_task("ruler", "niah_single_1", 0, 4095).incremental() == 5
+    assert ruler_tasks.make_task("ruler", "vt", 0, 2048).incremental() == 5
+    assert ruler_tasks.make_task("ruler", "vt", 0, 4096).incremental() == 10
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.tasks import Context, Question, get_bench
-from kvbench.tasks import ruler_official as official
+from kvbench.tasks import Context, Question, get_bench, ruler_jsonl
 from kvbench.tasks.ruler_data import NiahKeys, niah_key_parts
 
 from .test_ruler import REAL_ESSAY, TASKS  # the 13 task names, written out once
@@ -74,7 +73,7 @@ def test_byte_identical_to_rulers_scripts(task, length, seed, tokenizer, ruler_d
         assert not expected.exists()  # kvbench's fallback there is tested on a constructed case below
         return
     out = tmp_path / "out.jsonl"
-    n = official.write_ruler_jsonl(tokenizer, task, length=length, limit=5, seed=seed, out=out)
+    n = ruler_jsonl.write_ruler_jsonl(tokenizer, task, length=length, limit=5, seed=seed, out=out)
     assert n == 5
     got, want = out.read_text(encoding="utf-8").splitlines(), expected.read_text(encoding="utf-8").splitlines()
     assert len(got) == len(want) == 5
@@ -153,7 +152,7 @@ def test_ruler_row_schema_and_answer_position():
     q = Question("0", "What is it?", "It is", 128, ("1234567",), ("string_match_all",))
     ctx = Context("ruler", "niah_single_1", "0", "Inst.", "aa 1234567 bb", (q,), {"prompt_tokens": 9})
     full = "Inst.\naa 1234567 bb\nWhat is it? It is"
-    row = official.ruler_row(0, ctx, full, lambda text: len(text.split()))
+    row = ruler_jsonl.ruler_row(0, ctx, full, lambda text: len(text.split()))
     assert list(row) == ["index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix",
                          "token_position_answer"]  # fmt: skip
     assert row["input"] == "Inst.\naa 1234567 bb\nWhat is it?" and row["answer_prefix"] == " It is"
@@ -161,7 +160,7 @@ def test_ruler_row_schema_and_answer_position():
     assert row["length"] == row["length_w_model_temp"] == 9 + 128
     vt = Context("ruler", "vt", "3", "I", "b", (Question("0", "Q", "A: ", 30, ("X",), ("string_match_all",)),),
                  {"prompt_tokens": 4})  # fmt: skip
-    row = official.ruler_row(3, vt, "I\nb\nQ A: ", len)
+    row = ruler_jsonl.ruler_row(3, vt, "I\nb\nQ A: ", len)
     assert list(row) == ["index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix"]
     assert (row["index"], row["input"], row["answer_prefix"], row["length"]) == (3, "I\nb\nQ", " A: ", 34)
 

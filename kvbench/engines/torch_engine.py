@@ -1,10 +1,10 @@
 """The reference engine: HF transformers hybrids in PyTorch (CPU or GPU).
 
-* Attention runs through ``kvbench_sdpa`` (registered with transformers' ``AttentionInterface``): SDPA
-  with a bottom-right causal mask, so every attention layer may hold a different number of cached entries
-  while a multi-token question is fed in one block. A child layer whose KV heads keep different counts is
-  stored ragged, without padding (:class:`RaggedKV`: one packed buffer, per-head offsets), and attended
-  with one SDPA call per KV head.
+* Attention runs through ``kvbench_sdpa`` (:mod:`kvbench.engines.attention`, registered when an engine is
+  made): SDPA with a bottom-right causal mask, so every attention layer may hold a different number of
+  cached entries while a multi-token question is fed in one block. A child layer whose KV heads keep
+  different counts is stored ragged, without padding (:class:`RaggedKV`: one packed buffer, per-head
+  offsets), and attended with one SDPA call per KV head.
 * The parent's cache is never advanced: every answer builds a fresh cache whose attention layers point at
   the (compacted) K/V tensors and whose GDN layers are deep copies of the end-of-context snapshot, so each
   question starts from the same state.
@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface
 
+from kvbench.engines.attention import ATTN_IMPL, RaggedKV, register_attention
 from kvbench.engines.base import (
     Answer,
     ChildSession,
@@ -30,143 +29,16 @@ from kvbench.engines.base import (
     ForkStats,
     GdnSignals,
     ParentSession,
-    attention_logsumexp,
     check_context_sha,
     is_real_fork,
 )
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
-
-ATTN_IMPL = "kvbench_sdpa"
-
-
-def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA with a bottom-right causal mask.
-
-    query ``[1, H, q, D]``; key/value ``[1, H_kv, kv, D]``. When ``module.kvbench_ragged`` holds a
-    :class:`RaggedKV` (a child layer whose heads keep different counts), key/value are only the entries
-    fed after the context and each KV head attends to its own kept entries followed by them.
-    """
-    sink = getattr(module, "kvbench_query_sink", None)
-    recorder = None
-    if sink is not None:
-        recorder, f = sink
-        recorder.record_queries(f, query)
-    ragged = getattr(module, "kvbench_ragged", None)
-    if ragged is not None:
-        return _ragged_sdpa(query, key, value, ragged, scaling).transpose(1, 2).contiguous(), None
-    if getattr(recorder, "wants_lse", False):
-        out, lse = _sdpa_with_lse(query, key, value, scaling)
-        recorder.record_lse(f, lse[0])
-    else:
-        n_rep = query.shape[1] // key.shape[1]
-        mask, is_causal = _causal(query.shape[2], key.shape[2], query.device)
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
-        )
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _causal(q_len: int, kv_len: int, device) -> tuple[torch.Tensor | None, bool]:
-    """SDPA's ``(attn_mask, is_causal)`` for ``q_len`` queries that are the last of ``kv_len`` keys (bottom-right
-    causal): no mask for one query, ``is_causal`` when queries and keys coincide, else a ``[q, kv]`` bool mask."""
-    if q_len == kv_len and q_len > 1:
-        return None, True
-    if q_len > 1:
-        return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len), False
-    return None, False
-
-
-def _ragged_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ragged: "RaggedKV", scale
-) -> torch.Tensor:
-    """Attention over ragged per-head storage: KV head ``h`` sees its ``counts[h]`` kept entries followed by
-    the ``t`` entries fed after the context (``key``/``value`` ``[1, H_kv, t, D]``), bottom-right causal.
-    query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA call per KV head (no padding anywhere)."""
-    H_kv = key.shape[1]
-    n_rep = query.shape[1] // H_kv
-    out = []
-    for h in range(H_kv):
-        k = torch.cat([ragged.head_keys(h), key[0, h]])[None, None]  # [1, 1, K_h + t, D]
-        v = torch.cat([ragged.head_values(h), value[0, h]])[None, None]
-        mask, is_causal = _causal(query.shape[2], k.shape[2], query.device)
-        q = query[:, h * n_rep : (h + 1) * n_rep]
-        out.append(
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True)
-        )
-    return torch.cat(out, 1)
-
-
-def _sdpa_with_lse(query, key, value, scale, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bottom-right causal attention (the ``q`` queries are the last ``q`` of the ``kv`` positions: a block fed
-    after the cached context) and the float32 log-sum-exp of every query row's scaled logits over the keys it
-    attends to, ``[1, H, q]``. query ``[1, H, q, D]``, key/value ``[1, H_kv, kv, D]``.
-
-    On CPU the flash kernel that SDPA itself dispatches to returns both. A square block (``q == kv``) or one
-    query is one call, bit-identical to SDPA. A probe after a context (``1 < q < kv``) is two calls with no
-    ``[q, kv]`` mask built, merged by their log-sum-exps: the context keys ``0 .. kv-q`` (all visible) and the
-    probe's own keys (square causal), ``lse = logaddexp(lse_c, lse_p)``, ``out = e^(lse_c - lse) out_c +
-    e^(lse_p - lse) out_p`` in float32: SDPA's result up to float rounding, at the cost of the attention alone.
-    Elsewhere (``fused=False``, other devices) SDPA runs with the mask and :func:`attention_logsumexp`
-    recomputes the log-sum-exp (same value).
-    """
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
-    if fused is None:
-        fused = query.device.type == "cpu"
-    q_len, kv_len = query.shape[2], key.shape[2]
-    if fused:
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        if q_len == 1 or q_len == kv_len:
-            out, lse = flash(query, key, value, 0.0, q_len > 1, scale=scale)
-            return out, lse.float()
-        n = kv_len - q_len
-        out_c, lse_c = flash(query, key[:, :, :n], value[:, :, :n], 0.0, False, scale=scale)
-        out_p, lse_p = flash(query, key[:, :, n:], value[:, :, n:], 0.0, True, scale=scale)
-        lse_c, lse_p = lse_c.float(), lse_p.float()
-        lse = torch.logaddexp(lse_c, lse_p)
-        out = out_c.float() * (lse_c - lse).exp_()[..., None] + out_p.float() * (lse_p - lse).exp_()[..., None]
-        return out.to(query.dtype), lse
-    mask, is_causal = _causal(q_len, kv_len, query.device)
-    n_rep = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=n_rep > 1
-    )
-    visible = mask  # None for one query (sees everything) or a square block (causal):
-    if visible is None:
-        visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
-    return out, attention_logsumexp(query[0], key[0], visible, scale)[None]
-
-
-AttentionInterface.register(ATTN_IMPL, kvbench_sdpa)
+from kvbench.models import fingerprint as model_fingerprint
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
-
-
-class RaggedKV:
-    """A child attention layer whose KV heads keep different counts, stored without padding.
-
-    keys / values ``[sum(counts), D]``: head ``h``'s kept entries (in position order) at rows
-    ``offsets[h] .. offsets[h] + counts[h] - 1``.
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: Sequence[int]) -> None:
-        self.keys, self.values, self.counts = keys, values, list(counts)
-        self.offsets = [0]
-        for c in self.counts:
-            self.offsets.append(self.offsets[-1] + c)
-
-    def head_keys(self, h: int) -> torch.Tensor:
-        """``[counts[h], D]``, a view into :attr:`keys`."""
-        return self.keys[self.offsets[h] : self.offsets[h + 1]]
-
-    def head_values(self, h: int) -> torch.Tensor:
-        return self.values[self.offsets[h] : self.offsets[h + 1]]
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys, self.values
 
 
 class TorchEngine(EngineBase):
@@ -185,6 +57,7 @@ class TorchEngine(EngineBase):
         stop_ids: Sequence[int] | None = None,
         fingerprint: str | None = None,
     ) -> None:
+        register_attention()  # before the model can switch to it (idempotent)
         if model.config._attn_implementation != ATTN_IMPL:
             model.set_attn_implementation(ATTN_IMPL)
         self.model = model.eval()
@@ -205,9 +78,7 @@ class TorchEngine(EngineBase):
     def fingerprint(self) -> str:
         """:func:`kvbench.models.fingerprint` of the model and tokenizer (computed once, unless given)."""
         if self._fingerprint is None:
-            from kvbench.models import fingerprint
-
-            self._fingerprint = fingerprint(self.model, self.tokenizer)
+            self._fingerprint = model_fingerprint(self.model, self.tokenizer)
         return self._fingerprint
 
     @property
