@@ -7,7 +7,7 @@
 # measurements called for (3b: variable chains on short rows; 7: 900 more steps at 1,024 tokens, export after
 # it), starting from tiny-trained's tokenizer instead of training one.
 # Across machines: a stage is skipped when its final/ or a later stage's final/ is complete, so a stage's
-# final/ alone (about 19 MB, no optimizer state) carries the run to a fresh machine (README, "Training").
+# final/ alone (about 19 MB, no optimizer state) carries the run to a fresh machine (docs/models.md).
 # Stages 8-9 (both ARCHs) extend the model to 4,096 tokens and to SCBench's offline-generated tasks (kv, mf,
 # prefix_suffix, vt; several questions per context, each a target), keeping RULER's tasks in the mix. By
 # default they start from the SHIPPED weights (kvbench/builtin/<name>, bf16) and stages 1-7 are not run;

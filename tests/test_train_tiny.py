@@ -1,7 +1,8 @@
-"""kvbench.train_tiny: tokenizer, config, training rows, determinism and exact resume."""
+"""kvbench.training: tokenizer, config, training rows, determinism and exact resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from functools import lru_cache
@@ -9,7 +10,8 @@ from functools import lru_cache
 import pytest
 import torch
 
-from kvbench import train_tiny as T
+from kvbench import training as T
+from kvbench.errors import KvbenchError
 
 # A 4-layer model (3 GDN + 1 attention) keeps the training tests to a few seconds.
 SMALL = {
@@ -108,7 +110,7 @@ def test_recall_rows_ask_every_needle():
     from kvbench.tasks.ruler_data import NEEDLE
 
     tok = tokenizer()
-    ids, mask, refs = T._recall_row(random.Random(5), 400, tok)
+    ids, mask, refs = T.recall_row(random.Random(5), 400, tok)
     text = tok.decode(ids)
     context, _, questions = text.partition("\nThe special magic")
     asked = [line for line in ("The special magic" + questions).split("\n")]
@@ -130,7 +132,7 @@ def test_lookup_rows_answer_by_key_not_by_elimination():
     tok = tokenizer()
     repeated = unasked = False
     for seed in range(6):
-        ids, mask, refs = T._recall_row(random.Random(seed), 400, tok, draw="replace")
+        ids, mask, refs = T.recall_row(random.Random(seed), 400, tok, draw="replace")
         assert len(ids) == len(mask) <= 400 and refs
         text = tok.decode(ids)
         context, _, questions = text.partition("\nThe special magic")
@@ -154,7 +156,7 @@ def test_chains_rows_follow_the_assignments():
     """Every answered chain is recomputed by following the ``VAR`` lines of the context."""
     tok = tokenizer()
     for seed in range(6):
-        row = T._chains_row(random.Random(seed), 512, tok)
+        row = T.chains_row(random.Random(seed), 512, tok)
         assert row is not None
         ids, mask, refs = row
         text = tok.decode(ids)
@@ -206,12 +208,12 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
 
 def test_train_rejects_bad_warmup(tmp_path):
     for bad in (-1, 5):
-        with pytest.raises(T.KvbenchError, match="--warmup"):
-            _train(tmp_path / "w", warmup=bad)
+        with pytest.raises(KvbenchError, match="--warmup"):
+            train_small(tmp_path / "w", warmup=bad)
     assert not (tmp_path / "w").exists()
 
 
-def _train(out, **kw):
+def train_small(out, **kw):
     args = dict(
         steps=5,
         batch_size=1,
@@ -225,7 +227,14 @@ def _train(out, **kw):
         model_over=SMALL,
     )
     args.update(kw)
-    return T.train(out, **args)
+    return train_with(out, **args)
+
+
+def train_with(out, **kw):
+    """``T.train`` with its ``TrainArgs`` and ``RunOptions`` fields given as one set of keywords."""
+    run_fields = {f.name for f in dataclasses.fields(T.RunOptions)}
+    options = T.RunOptions(**{k: v for k, v in kw.items() if k in run_fields})
+    return T.train(out, T.TrainArgs(**{k: v for k, v in kw.items() if k not in run_fields}), options)
 
 
 def test_train_resume_exact(tmp_path, one_thread):
@@ -233,11 +242,11 @@ def test_train_resume_exact(tmp_path, one_thread):
 
     from kvbench.models import load_model
 
-    stop = _train(tmp_path / "a", stop_after=3)
+    stop = train_small(tmp_path / "a", stop_after=3)
     assert stop.name == "checkpoint-3" and (stop / "trainer_state.pt").exists()
     assert (stop / "model.safetensors").exists() and (stop / "tokenizer.json").exists()
-    resumed = _train(tmp_path / "a")
-    straight = _train(tmp_path / "b")
+    resumed = train_small(tmp_path / "a")
+    straight = train_small(tmp_path / "b")
     wa, wb = load_file(resumed / "model.safetensors"), load_file(straight / "model.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:
@@ -270,19 +279,19 @@ def test_a_finished_stage_is_reused_from_its_final_alone(tmp_path, one_thread):
     not trained again; a final/ written with other arguments is an error naming the fix."""
     import shutil
 
-    first = _train(tmp_path / "s1", steps=2)
-    second = _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
+    first = train_small(tmp_path / "s1", steps=2)
+    second = train_small(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
     for ckpt in (tmp_path / "s2").glob("checkpoint-*"):
         shutil.rmtree(ckpt)
     shutil.rmtree(tmp_path / "s1")  # its weights are not needed once the stage after it has finished
     weights = (second / "model.safetensors").read_bytes()
-    assert _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None) == second
+    assert train_small(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None) == second
     assert (second / "model.safetensors").read_bytes() == weights and not list((tmp_path / "s2").glob("checkpoint-*"))
-    with pytest.raises(T.KvbenchError, match="different training arguments.*remove that directory"):
-        _train(tmp_path / "s2", steps=3, seed=2, init=first, tokenizer=None)
+    with pytest.raises(KvbenchError, match="different training arguments.*remove that directory"):
+        train_small(tmp_path / "s2", steps=3, seed=2, init=first, tokenizer=None)
     (second / "training_args.json").unlink()  # a final/ cut before its last file: not a finished run
-    with pytest.raises(T.KvbenchError, match="no trained model"):
-        _train(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
+    with pytest.raises(KvbenchError, match="no trained model"):
+        train_small(tmp_path / "s2", steps=2, seed=2, init=first, tokenizer=None)
 
 
 def test_calibration_corpus_deterministic(tmp_path):
@@ -371,7 +380,7 @@ def test_batch_follows_mix():
     rng = random.Random(0)
     counts = {}
     for _ in range(4000):
-        t = T._choose_task(rng, (("recall", 0.25), ("repeat", 0.75)))
+        t = T.choose_task(rng, (("recall", 0.25), ("repeat", 0.75)))
         counts[t] = counts.get(t, 0) + 1
     assert abs(counts["recall"] / 4000 - 0.25) < 0.03 and set(counts) == {"recall", "repeat"}
 
@@ -381,9 +390,9 @@ def test_second_stage_starts_from_init_and_carries_history(tmp_path, one_thread)
     on that batch), and its final/ carries both stages' arguments and logs into the model card."""
     from safetensors.torch import load_file
 
-    first = _train(tmp_path / "s1", steps=3)
+    first = train_small(tmp_path / "s1", steps=3)
     mix = (("recall", 0.5), ("repeat", 0.5))
-    second = _train(tmp_path / "s2", steps=2, seed=2, mix=mix, init=first, tokenizer=None, lr=0.0)
+    second = train_small(tmp_path / "s2", steps=2, seed=2, mix=mix, init=first, tokenizer=None, lr=0.0)
     # lr 0 on both steps (warm-up starts at lr*(1/warm) = 0): weights unchanged from stage 1
     w1, w2 = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
@@ -397,7 +406,7 @@ def test_second_stage_starts_from_init_and_carries_history(tmp_path, one_thread)
     assert "Stage 1 (from scratch, seed 1)" in card and "Stage 2 (from the previous stage's weights" in card
     assert "recall 50%, repeat 50%" in card and "5 steps in all" in card
     with pytest.raises(Exception, match="no trained model"):
-        _train(tmp_path / "s3", init=tmp_path / "missing", tokenizer=None)
+        train_small(tmp_path / "s3", init=tmp_path / "missing", tokenizer=None)
 
 
 def test_lookup_mix_falls_back_to_lookup():
@@ -417,7 +426,7 @@ def test_echo_rows_repeat_the_needle_wording():
     tok = tokenizer()
     repeated = False
     for seed in range(6):
-        ids, mask, refs = T._recall_row(random.Random(seed), 400, tok, draw="echo")
+        ids, mask, refs = T.recall_row(random.Random(seed), 400, tok, draw="echo")
         lines = tok.decode(ids).split("\n")[1:]  # after the header line: needle/noise lines, then the questions
         context, asked = lines[: len(lines) - len(refs)], lines[len(lines) - len(refs) :]
         for line, value in zip(asked, refs, strict=True):
@@ -465,7 +474,7 @@ def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(tas
     def need(row):
         ctx = build_context(name, 0, row, {}, source="generated")
         r = render(tok, ctx)
-        answers = [encode(tok, T._scbench_answer(name, q.references)) + [eos] for q in ctx.questions]
+        answers = [encode(tok, T.scbench_answer(name, q.references)) + [eos] for q in ctx.questions]
         return len(r.context_ids) + sum(len(q) + len(a) for q, a in zip(r.question_ids, answers, strict=True))
 
     row = generate_row(name, 0, length=target, seed=ex_seed, measure=need)
@@ -477,8 +486,8 @@ def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(tas
     for q_ids, spec in zip(r.question_ids, ctx.questions, strict=True):
         assert ids[at : at + len(q_ids)] == q_ids and not any(mask[at : at + len(q_ids)])
         at += len(q_ids)
-        answer = encode(tok, T._scbench_answer(name, spec.references)) + [eos]
+        answer = encode(tok, T.scbench_answer(name, spec.references)) + [eos]
         assert ids[at : at + len(answer)] == answer and all(mask[at : at + len(answer)])
         at += len(answer)
     assert not any(mask[at:]) and at <= 1536
-    assert ex.references == tuple(T._scbench_answer(name, q.references) for q in ctx.questions)
+    assert ex.references == tuple(T.scbench_answer(name, q.references) for q in ctx.questions)

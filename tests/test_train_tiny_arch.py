@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from kvbench import train_tiny as T
+from kvbench import training as T
 from kvbench.errors import KvbenchError
-from tests.test_train_tiny import tokenizer
+from tests.test_train_tiny import tokenizer, train_with
 
 SMALL_DENSE = {
     "num_hidden_layers": 4,
@@ -50,7 +50,7 @@ def _train(out, **kw):
         tokenizer=tokenizer(), model_over=SMALL_DENSE, arch="qwen3_5",
     )  # fmt: skip
     args.update(kw)
-    return T.train(out, **args)
+    return train_with(out, **args)
 
 
 def test_dense_twin_trains_resumes_exactly_and_runs_in_the_engine(tmp_path, one_thread):
@@ -88,7 +88,7 @@ def test_dense_twin_trains_resumes_exactly_and_runs_in_the_engine(tmp_path, one_
 
 def test_checkpoints_from_before_arch_resume_as_qwen3_next(tmp_path, one_thread):
     """A checkpoint written before --arch existed (its arguments have no ``arch``) resumes as qwen3_next."""
-    from tests.test_train_tiny import _train as train_moe
+    from tests.test_train_tiny import train_small as train_moe
 
     stop = train_moe(tmp_path / "a", stop_after=2, steps=3)
     state_path = stop / "trainer_state.pt"

@@ -1,0 +1,420 @@
+"""The training loop: AdamW, warm-up + cosine, grad clip 1.0, length curriculum, checkpoints that resume exactly.
+
+Loss. Rows are ``[prompt | answer | <|im_end|> | pad...]``. The loss weight is 1.0 on the answer tokens and
+the closing ``<|im_end|>`` (``loss_mask``) and ``lm_weight`` (default 0.02) on the other non-pad tokens: a
+little language modelling of the context keeps the representations of haystack text trained without
+letting the (mostly predictable, repetitive) haystack dominate the gradient. Plain-text rows have weight
+1.0 on every non-pad token. Padding is never in the loss (no attention mask needed; packing is impossible
+without fla).
+
+On disk (what a run resumes from, and what a later stage or the export reads):
+``out_dir/checkpoint-<step>/`` holds the model (``save_pretrained``), the tokenizer and ``trainer_state.pt``
+(step, AdamW state, torch and Python RNG states, the :class:`TrainArgs` as a dict, the loss log);
+``out_dir/final/`` holds the float32 model, tokenizer, ``kvbench_builtin.json``, ``training_log.json`` and
+``training_args.json`` (written last: its presence marks a finished run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from kvbench.errors import KvbenchError
+from kvbench.training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
+from kvbench.training.model import (
+    ARCHS,
+    arch_of,
+    build_model,
+    check_arch,
+    load_trained,
+    set_special_ids,
+    tiny_trained_config,
+)
+from kvbench.training.tokenizer import train_tokenizer
+
+DEFAULT_STEPS = 3850
+
+
+@dataclass
+class TrainArgs:
+    """What defines a training run; stored as a dict in every checkpoint and in ``final/training_args.json``
+    (the field order is the file's key order). ``curriculum`` and ``mix`` may be given as tuples (stored as
+    lists of lists), ``init`` as a path (stored as a string), ``model_over`` as None (stored as ``{}``).
+    Raises KvbenchError on a ``warmup`` outside ``[0, steps)`` or an unknown ``arch``."""
+
+    steps: int  # optimizer steps
+    batch_size: int  # rows per step
+    lr: float  # peak learning rate
+    seed: int
+    curriculum: list = field(default_factory=lambda: [list(c) for c in DEFAULT_CURRICULUM])  # [[start, length]]
+    warmup: int = 0  # linear warm-up steps; 0: 5 % of the steps (at least 1)
+    weight_decay: float = 0.1
+    lm_weight: float = 0.02  # loss weight of the unsupervised non-pad tokens
+    save_every: int = 200  # checkpoint every N steps
+    autocast: bool = False  # bf16 autocast on CPU
+    vocab_size: int = 2048  # of a tokenizer trained for a first stage
+    model_over: dict = field(default_factory=dict)  # tiny_trained_config overrides
+    mix: list = field(default_factory=lambda: [list(m) for m in TASK_MIX])  # [[task, weight]]
+    init: str | None = None  # a trained model directory the weights start from (a later training stage)
+    arch: str = "qwen3_next"  # tiny_trained_config's architecture (ARCHS)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup < self.steps:
+            raise KvbenchError(
+                f"--warmup {self.warmup}: must be at least 0 and below --steps ({self.steps}); 0 means steps // 20"
+            )
+        check_arch(self.arch)
+        self.curriculum = [list(c) for c in self.curriculum]
+        self.mix = [list(m) for m in self.mix]
+        self.model_over = dict(self.model_over or {})
+        self.init = str(self.init) if self.init is not None else None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How this process runs a training (none of it is stored or changes the result)."""
+
+    resume: bool = True  # continue from the latest checkpoint (or return a finished final/)
+    progress: bool = True  # show a progress bar on the terminal
+    stop_after: int | None = None  # end after this step with a checkpoint (how tests simulate an interruption)
+    threads: int | None = None  # torch intra-op threads (None: torch's default)
+    tokenizer: Any = None  # a ready tokenizer for a first stage (default: train_tokenizer(args.vocab_size))
+
+
+@dataclass
+class _Run:
+    """The state a training loop carries: model, tokenizer, optimizer, the first step to run, the log so far."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    start: int
+    log: list[dict]
+
+
+class _Step(NamedTuple):
+    loss: float
+    lr: float
+    length: int  # row length, tokens
+    gnorm: float
+    tasks: dict[str, float]  # mean supervised loss per task
+    tokens: int  # tokens in the batch, padding included
+
+
+# --------------------------------------------------------------------------------------------------
+# Loss and schedule
+
+
+def loss_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, pad_id: int, lm_weight: float) -> torch.Tensor:
+    """Per-token loss weights (``[B, T]`` like the inputs): 1 where ``loss_mask``, ``lm_weight`` on other
+    non-pad tokens, 0 on pad."""
+    real = (input_ids != pad_id).float()
+    m = loss_mask.float()
+    return m + lm_weight * real * (1 - m)
+
+
+def batch_loss(
+    model, input_ids: torch.Tensor, loss_mask: torch.Tensor, pad_id: int, lm_weight: float, autocast: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted next-token cross-entropy (target ``t+1`` weighted by the weight of token ``t+1``), and the
+    per-row mean cross-entropy on the supervised tokens only (``[B]``, detached; NaN for a row without
+    any), which is what training progress is judged by. Inputs ``[B, T]``."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=input_ids, use_cache=False).logits
+    logits = logits[:, :-1].float()
+    targets = input_ids[:, 1:]
+    w = loss_weights(input_ids, loss_mask, pad_id, lm_weight)[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, T-1]
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    sup = loss_mask[:, 1:].float()
+    row_ce = (ce.detach() * sup).sum(1) / sup.sum(1)
+    return loss, row_ce
+
+
+def task_losses(tasks: list[str], row_ce: torch.Tensor) -> dict[str, float]:
+    """Mean supervised cross-entropy per task over the rows of one batch (NaN rows left out)."""
+    out: dict[str, list[float]] = {}
+    for task, value in zip(tasks, row_ce.tolist(), strict=True):
+        if value == value:  # not NaN
+            out.setdefault(task, []).append(value)
+    return {t: round(sum(v) / len(v), 4) for t, v in sorted(out.items())}
+
+
+def lr_at(step: int, args: TrainArgs) -> float:
+    """Learning rate of ``step``: linear warm-up to ``args.lr``, then cosine down to a tenth of it."""
+    warm = args.warmup or max(1, args.steps // 20)
+    if step < warm:
+        return args.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, args.steps - warm)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def _ema_task_loss(log: list[dict], task: str, decay: float = 0.9) -> float:
+    """Exponential moving average of one task's supervised loss over the log (NaN before it appears)."""
+    ema = float("nan")
+    for entry in log[-200:]:
+        value = entry.get("tasks", {}).get(task)
+        if value is not None:
+            ema = value if ema != ema else decay * ema + (1 - decay) * value
+    return ema
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and finished runs
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The complete ``checkpoint-<step>`` directory of ``out_dir`` with the highest step, or None."""
+    ckpts = [p for p in Path(out_dir).glob("checkpoint-*") if (p / "trainer_state.pt").exists()]
+    return max(ckpts, key=lambda p: int(p.name.split("-")[1])) if ckpts else None
+
+
+def _comparable_args(args: dict) -> dict:
+    """A run's stored arguments (``trainer_state.pt`` or ``training_args.json``) in the form two runs compare
+    by: ``save_every`` and the carried ``previous`` stage left out, ``arch`` defaulted to ``qwen3_next`` (runs
+    before it existed), and a JSON round trip so a ``training_args.json`` compares equal to live arguments."""
+    args = {"arch": "qwen3_next", **json.loads(json.dumps(args))}
+    return {k: v for k, v in args.items() if k not in ("save_every", "previous")}
+
+
+def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
+    """``out_dir/final`` when a run with these arguments has already finished there, else None.
+
+    ``training_args.json`` is the last file :func:`save_final` writes, so its presence marks a complete
+    ``final/``. This is what lets a stage's ``final/`` alone (no checkpoints: with the AdamW state a checkpoint
+    is about three times the weights, 53 MB against 18 MB for the dense twin) carry a multi-stage run from one
+    machine to the next."""
+    final = out_dir / "final"
+    if not (final / "training_args.json").is_file():
+        return None
+    saved = _comparable_args(json.loads((final / "training_args.json").read_text()))
+    now = _comparable_args(asdict(args))
+    if saved != now:
+        raise KvbenchError(
+            f"{final} was written with different training arguments: {saved} != {now}; "
+            "remove that directory to train this stage again"
+        )
+    return final
+
+
+def _optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices other than embeddings, none on the rest."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
+    """Write ``path`` (beside it first, then renamed): model, tokenizer and ``trainer_state.pt``."""
+    tmp = path.with_name(path.name + ".tmp")
+    run.model.save_pretrained(tmp)
+    run.tokenizer.save_pretrained(tmp)
+    state = {
+        "step": step,
+        "optimizer": run.optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "args": asdict(args),
+        "log": run.log,
+    }
+    torch.save(state, tmp / "trainer_state.pt")
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def save_final(path: str | Path, model, tokenizer, args: TrainArgs, log: list[dict]) -> Path:
+    """The trained model in float32: ``save_pretrained`` (safetensors), tokenizer, ``kvbench_builtin.json``,
+    ``training_log.json`` (per step: loss, lr, row length, grad norm, tokens/s, supervised loss per task)
+    and ``training_args.json``."""
+    path = Path(path)
+    model.eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    saved_args, full_log = asdict(args), [dict(e, stage=1) for e in log]
+    if args.init is not None:  # a later stage: carry the earlier stages' arguments and log
+        init = Path(args.init)
+        saved_args["previous"] = json.loads((init / "training_args.json").read_text())
+        earlier = [dict(e, stage=e.get("stage", 1)) for e in json.loads((init / "training_log.json").read_text())]
+        stage = max(e["stage"] for e in earlier) + 1 if earlier else 1
+        full_log = earlier + [dict(e, stage=stage) for e in log]
+    lengths = [e["len"] for e in full_log]
+    marker = {"name": ARCHS[args.arch], "random_weights": False, "context_length": max(lengths) if lengths else None}
+    (path / "kvbench_builtin.json").write_text(json.dumps(marker))
+    (path / "training_log.json").write_text(json.dumps(full_log))
+    (path / "training_args.json").write_text(json.dumps(saved_args, indent=1))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Starting a run: from a checkpoint, from an earlier stage, or from scratch
+
+
+def _resume(ckpt: Path, args: TrainArgs) -> _Run:
+    """The run saved in checkpoint ``ckpt``, with torch's and Python's RNG states restored."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    model = load_trained(ckpt)
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    saved, now = _comparable_args(state["args"]), _comparable_args(asdict(args))
+    if saved != now:
+        raise KvbenchError(f"{ckpt} was written with different training arguments: {saved} != {now}")
+    optimizer = _optimizer(model, args)
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    return _Run(model, tokenizer, optimizer, state["step"], list(state["log"]))
+
+
+def _from_init(init: Path, args: TrainArgs) -> _Run:
+    """A later stage: the weights and tokenizer of the trained model ``init``, a fresh optimizer."""
+    from transformers import AutoTokenizer
+
+    if not (init / "config.json").exists():
+        raise KvbenchError(f"--init {init}: no trained model there (expected config.json; a run's final/ dir)")
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    model = load_trained(init)
+    if arch_of(model.config) != args.arch:
+        raise KvbenchError(
+            f"--init {init} is a {model.config.model_type} model; give --arch {arch_of(model.config)} "
+            "(a later stage keeps its architecture)"
+        )
+    return _Run(model, tokenizer, _optimizer(model, args), 0, [])
+
+
+def _from_scratch(args: TrainArgs, tokenizer) -> _Run:
+    """A first stage: ``tokenizer`` (default: one trained for ``args.vocab_size``) and a fresh model of
+    ``args.arch`` with ``args.model_over``, initialised from torch's RNG."""
+    tokenizer = tokenizer or train_tokenizer(vocab_size=args.vocab_size)
+    config = tiny_trained_config(len(tokenizer), args.arch, **args.model_over)
+    set_special_ids(config, tokenizer)
+    model = build_model(config)
+    return _Run(model, tokenizer, _optimizer(model, args), 0, [])
+
+
+def _start(out_dir: Path, args: TrainArgs, options: RunOptions) -> _Run:
+    """The run to continue: the latest checkpoint (with ``resume``), else ``args.init``, else from scratch.
+    Seeds torch's RNG with ``args.seed`` first (a checkpoint then restores its own state)."""
+    ckpt = latest_checkpoint(out_dir) if options.resume else None
+    torch.manual_seed(args.seed)
+    if ckpt is not None:
+        return _resume(ckpt, args)
+    if args.init is not None:
+        return _from_init(Path(args.init), args)
+    return _from_scratch(args, options.tokenizer)
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+
+
+def _train_step(run: _Run, args: TrainArgs, step: int) -> _Step:
+    """One optimizer step on the batch of ``step`` (a pure function of ``(args.seed, step)``)."""
+    length = curriculum_length(args.curriculum, step, args.steps)
+    ids, mask, tasks = make_batch(
+        run.tokenizer, seed=args.seed, step=step, batch_size=args.batch_size, length=length, mix=args.mix
+    )
+    lr_now = lr_at(step, args)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_now
+    loss, row_ce = batch_loss(run.model, ids, mask, run.tokenizer.pad_token_id, args.lm_weight, args.autocast)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.optimizer.step()
+    return _Step(loss.item(), lr_now, length, float(gnorm), task_losses(tasks, row_ce), ids.numel())
+
+
+def _log_entry(step: int, result: _Step, tok_s: float) -> dict:
+    """The ``training_log.json`` entry of ``step`` (0-based; logged 1-based), keys in the file's order."""
+    return {
+        "step": step + 1,
+        "loss": round(result.loss, 5),
+        "lr": result.lr,
+        "len": result.length,
+        "gnorm": round(result.gnorm, 4),
+        "tok_s": round(tok_s),
+        "tasks": result.tasks,
+    }
+
+
+def _progress_bar(enabled: bool):
+    """A rich progress bar (steps done of all, elapsed time, and a free ``info`` field)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+    return Progress(*columns, disable=not enabled, transient=False)
+
+
+def _run_steps(out_dir: Path, run: _Run, args: TrainArgs, end: int, progress: bool) -> None:
+    """Steps ``run.start`` to ``end`` (exclusive), a checkpoint every ``args.save_every`` steps and at ``end``."""
+    t0, tokens = time.perf_counter(), 0
+    with _progress_bar(progress) as bar:
+        job = bar.add_task("train", total=args.steps, completed=run.start, info="")
+        for step in range(run.start, end):
+            result = _train_step(run, args, step)
+            tokens += result.tokens
+            rate = tokens / (time.perf_counter() - t0)
+            run.log.append(_log_entry(step, result, rate))
+            ema = _ema_task_loss(run.log, "niah_single_1")
+            info = f"len {result.length} loss {result.loss:.4f} niah_single_1 {ema:.3f} {rate:,.0f} tok/s"
+            bar.update(job, advance=1, info=info)
+            done = step + 1
+            if done % args.save_every == 0 or done == end:
+                _save_checkpoint(out_dir / f"checkpoint-{done}", run, done, args)
+
+
+def train(out_dir: str | Path, args: TrainArgs, options: RunOptions | None = None) -> Path:
+    """Train the tiny hybrid into ``out_dir`` and return ``out_dir/final`` (or the last checkpoint when
+    ``options.stop_after`` ends the run early, which is how tests simulate an interruption).
+
+    Checkpoints go to ``out_dir/checkpoint-<step>/`` every ``args.save_every`` steps (and at ``stop_after``).
+    With ``options.resume`` the latest checkpoint is loaded and training continues bit-for-bit as if
+    uninterrupted: step ``s``'s batch is derived from ``(seed, s)`` and the learning rate from ``s``; a run
+    whose ``final/`` already holds these arguments returns it without training. ``options``: how to run it
+    (default: ``RunOptions()``).
+
+    ``args.autocast`` (bf16 on CPU) is off by default: measured on the 2-core machine it made a step about 4x
+    slower (246 vs 999 tok/s at 8x256, one thread). ``options.threads``: intra-op threads (on a shared 2-core
+    machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s measured).
+
+    ``args.init``: a trained model directory (a ``final/`` of an earlier run) whose weights and tokenizer
+    this run starts from, with a fresh optimizer: a later training stage. Its ``training_args.json`` and
+    ``training_log.json`` are carried into this run's ``final/`` so the model card describes every stage.
+    ``args.arch``: ``qwen3_next`` (MoE, the shipped ``tiny-trained``) or ``qwen3_5`` (its dense
+    ``qwen3_5_text`` twin, ``tiny-trained-dense``); with ``init`` it must be the init model's architecture."""
+    options = options or RunOptions()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    finished = _finished_run(out_dir, args) if options.resume else None
+    if finished is not None:
+        return finished
+    run = _start(out_dir, args, options)
+    run.model.train()
+    end = args.steps if options.stop_after is None else min(args.steps, options.stop_after)
+    _run_steps(out_dir, run, args, end, options.progress)
+    if end < args.steps:
+        return out_dir / f"checkpoint-{end}"
+    return save_final(out_dir / "final", run.model, run.tokenizer, args, run.log)
