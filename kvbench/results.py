@@ -15,9 +15,10 @@ Files of a results directory ``<out>``:
 
 Readers (:func:`read_results`) merge every ``results*.jsonl`` of the directories they are given and never
 write, move or truncate anything: an incomplete last line (a writer may be appending it) is skipped and
-noted. A row's identity is its :data:`ROW_KEY` fields; rows written before ``length``, ``seed``,
-``context_sha256``, ``model_fingerprint`` and ``artifact_sha256`` joined the key ("legacy" rows) are never
-reused: a writer refuses a file holding them, a reader leaves them out and says so.
+noted. A row's identity is its :data:`ROW_KEY` fields (:class:`kvbench.rows.RowKey` declares them and how a
+line lacking one reads); rows written before ``length``, ``seed``, ``context_sha256``, ``model_fingerprint`` and
+``artifact_sha256`` joined the key ("legacy" rows) are never reused: a writer refuses a file holding them, a
+reader leaves them out and says so.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvbench.errors import KvbenchError
+from kvbench.rows import IDENTITY, Absent, defaults, identity_fields, normal_key
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -63,28 +65,18 @@ __all__ = [
     "upgrade_results",
 ]
 
-#: Fields of a row's identity before kvbench recorded the settings that change an answer.
-LEGACY_KEY: tuple[str, ...] = (
-    "model",
-    "engine",
-    "method",
-    "allocation",
-    "p",
-    "bench",
-    "task",
-    "item",
-    "question",
-)
-#: A row's identity: everything that changes its answer. ``length`` is the resolved prompt length (tokens),
-#: ``context_sha256`` the SHA-256 of the context's token ids, ``model_fingerprint`` the weights' (dtype
-#: included) fingerprint of :func:`kvbench.models.fingerprint`, ``artifact_sha256`` the SHA-256 of the offline
-#: artifact the method scored with (:meth:`kvbench.methods.EvictionMethod.artifact_sha256`; null for a method
-#: without one). ``source`` tells a bench's generated items from its dataset's (SCBench: ``"generated"`` /
-#: ``"hub"``); it is one of :data:`OPTIONAL_KEY`, fields a row written before them lacks and reads as null.
-_REQUIRED_KEY = (*LEGACY_KEY, "length", "seed", "context_sha256", "model_fingerprint", "artifact_sha256")
-OPTIONAL_KEY: tuple[str, ...] = ("source",)
-ROW_KEY: tuple[str, ...] = (*_REQUIRED_KEY, *OPTIONAL_KEY)
-_NEW_KEY = _REQUIRED_KEY[len(LEGACY_KEY) :]
+#: Fields of a row's identity that every row kvbench ever wrote has (:class:`kvbench.rows.Absent` NEVER).
+LEGACY_KEY: tuple[str, ...] = identity_fields(Absent.NEVER)
+#: A row's identity: everything that changes its answer (:class:`kvbench.rows.RowKey` declares each field).
+#: :data:`OPTIONAL_KEY` are the fields a row written before them lacks and reads as their default (null).
+ROW_KEY: tuple[str, ...] = IDENTITY
+OPTIONAL_KEY: tuple[str, ...] = identity_fields(Absent.DEFAULT)
+_REQUIRED_KEY = identity_fields(Absent.NEVER, Absent.LEGACY, Absent.UPGRADE_TO_NULL)
+#: key fields added later without a default: a row lacking one is a legacy row
+_NEW_KEY = identity_fields(Absent.LEGACY, Absent.UPGRADE_TO_NULL)
+#: key fields ``upgrade_results`` may set to null (in a row of an artifact-free method lacking nothing else)
+_UPGRADE_TO_NULL = frozenset(identity_fields(Absent.UPGRADE_TO_NULL))
+_OPTIONAL_DEFAULTS = defaults(OPTIONAL_KEY)
 RESULTS_GLOB = "results*.jsonl"
 _RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
 
@@ -100,26 +92,23 @@ def results_name(shard: tuple[int, int] = (0, 1)) -> str:
 
 
 _KEY_FIELDS = operator.itemgetter(*ROW_KEY)
-_P = ROW_KEY.index("p")
-#: Decimals of ``p`` in a row's identity (``kvbench run`` refuses a p with more: two would share rows).
-P_DECIMALS = 4
 
 
 def row_key(row: Mapping[str, Any]) -> tuple:
-    """The identity of a row: its ROW_KEY fields, ``p`` rounded to P_DECIMALS decimals, everything else ``str``."""
+    """The identity of a row: its ROW_KEY fields, ``p`` rounded to ``kvbench.rows.P_DECIMALS`` decimals, the others
+    ``str`` (:func:`kvbench.rows.normal_key`)."""
     try:
-        values = list(map(str, _KEY_FIELDS(row)))
+        values = _KEY_FIELDS(row)
     except KeyError:
-        if all(k in row for k in _REQUIRED_KEY):  # a row from before an optional key field: it reads as null
-            return row_key({**row, **{k: None for k in OPTIONAL_KEY if k not in row}})
+        if all(k in row for k in _REQUIRED_KEY):  # a row from before an optional key field: it reads as its default
+            return row_key({**row, **{k: v for k, v in _OPTIONAL_DEFAULTS.items() if k not in row}})
         missing = [k for k in _REQUIRED_KEY if k not in row]
         needed = list(_REQUIRED_KEY)
         raise ResultsError(f"row is missing key field(s) {missing}; every row needs all of {needed}") from None
     try:
-        values[_P] = round(float(row["p"]), P_DECIMALS)
+        return normal_key(values)
     except (TypeError, ValueError):
         raise ResultsError(f"row field p={row['p']!r} is not a number (the kept fraction, e.g. 0.5)") from None
-    return tuple(values)
 
 
 def _is_legacy(row: Mapping[str, Any]) -> bool:
@@ -536,9 +525,10 @@ class ResultsStore:
                     out.setdefault(key[i_method], set()).add(key[i_sha])
         return out
 
-    def append(self, row: dict) -> None:
-        """Durably append one finished row (p normalised); refuse duplicates and non-JSON values. A failed
-        write (full disk, …) is cut back off the file and raised as a ResultsError naming it."""
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Durably append one finished row, the JSON object of a :class:`kvbench.rows.Row` (p normalised); refuse
+        duplicates and non-JSON values. A failed write (full disk, …) is cut back off the file and raised as a
+        ResultsError naming it."""
         if self._closed:
             raise ResultsError(f"the results store {self.path} is closed")
         key = row_key(row)
@@ -859,13 +849,13 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
         else:
             row = parsed[0]
             missing = [k for k in _NEW_KEY if k not in row]
-            if missing != ["artifact_sha256"]:
+            if not _UPGRADE_TO_NULL.issuperset(missing):
                 reason = f"the row lacks {', '.join(missing)}"
             elif not artifact_free(str(row["method"])):
                 reason = (
                     f"method {row['method']} reads (or may read) a calibration artifact, which the row does not name"
                 )
-            elif (key := row_key(row := {**row, "artifact_sha256": None})) in taken:
+            elif (key := row_key(row := {**row, **dict.fromkeys(missing)})) in taken:
                 reason = "a duplicate of a row already in the directory"
             else:
                 taken.add(key)

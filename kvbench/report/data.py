@@ -5,12 +5,15 @@
 parsed one by one into columns (the prediction, references and meta fields are not kept), so a paper-sized sweep
 (1.4 M rows) fits in a few hundred MB.
 
-``frame(rows)`` turns row dicts into the same DataFrame. Its columns:
+``frame(rows)`` turns row dicts into the same DataFrame. Its columns take their names and kinds from
+:mod:`kvbench.rows` (:func:`kvbench.rows.column_kind`: a ``str`` column is categorical, a number float, NaN where
+absent, a flag bool):
 
-* identity, the text of :func:`kvbench.results.row_key`: ``model, engine, bench, task, method, allocation, item,
-  question, model_fingerprint, context_sha256, length, seed, artifact_sha256`` (categorical ``str`` of the
-  field's value, ``"None"`` for null) and ``p`` (float, rounded to 4 decimals); for a field absent from the row
-  (only :func:`frame` meets such rows) ``""``, ``"n/a"`` for ``length`` and ``seed``;
+* identity, the text of :func:`kvbench.results.row_key`: every :class:`kvbench.rows.RowKey` field (``model,
+  engine, method, allocation, bench, task, item, question, length, seed, context_sha256, model_fingerprint,
+  artifact_sha256, source``: categorical ``str`` of the field's value, ``"None"`` for null) and ``p`` (float,
+  rounded to 4 decimals); for a field absent from the row (only :func:`frame` meets such rows) ``""``, ``"n/a"``
+  for ``length`` and ``seed``, the text of its default for a field that has one (``"None"`` for ``source``);
 * ``label``: ``"method [allocation]"`` (rows run with non-default method options have the method
   ``METHOD[OPTION=VALUE,…]``, so they get labels of their own). Where rows of one method in one setting were
   scored with more than one artifact (directories of two calibrations read together), ``method`` becomes
@@ -42,7 +45,6 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from kvbench.results import (
-    ROW_KEY,
     FileStats,
     ResultsRead,
     duplicates_note,
@@ -51,23 +53,42 @@ from kvbench.results import (
     loads_row,
     results_files,
 )
+from kvbench.rows import IDENTITY, P_DECIMALS, column_kind, defaults
 
 __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]
 
 #: A comparable setting: rows of one (model, weights, engine, bench, source, prompt length, seed) are compared;
 #: ``source`` keeps a bench's generated items (SCBench offline) apart from its hub items ("None": one source).
 SETTING = ["model", "model_fingerprint", "engine", "bench", "source", "length", "seed"]
-_STR = ["model", "engine", "bench", "source", "task", "method", "allocation", "item", "question", "model_fingerprint",
-        "context_sha256", "length", "seed", "artifact_sha256", "label", "scorer", "sub",
-        "default_allocation"]  # fmt: skip
-_FLOAT = ["p", "score", "score_official", "score_revised", "stored_bytes", "full_bytes", "n_context", "prefill_s",
-          "score_s"]  # fmt: skip
-_BOOL = ["real_fork", "query_aware", "random_weights"]
+#: the row fields the report reads besides the identity
+_READ = (
+    "scorer",
+    "default_allocation",
+    "score",
+    "stored_bytes",
+    "full_bytes",
+    "n_context",
+    "prefill_s",
+    "score_s",
+    "real_fork",
+    "query_aware",
+    "random_weights",
+)
+#: the columns it derives: the label, a mixed task's sub-task, the official and revised scores
+_DERIVED = {"label": "str", "sub": "str", "score_official": "float", "score_revised": "float"}
+_KIND = {**{c: column_kind(c) for c in (*IDENTITY, *_READ)}, **_DERIVED}
+_STR = [c for c, kind in _KIND.items() if kind == "str"]
+_FLOAT = [c for c, kind in _KIND.items() if kind == "float"]
+_BOOL = [c for c, kind in _KIND.items() if kind == "bool"]
 COLUMNS = [*_STR, *_FLOAT, *_BOOL]
-#: (index in kvbench.results.ROW_KEY, column) of the key's str columns (``p`` is a float column)
-_KEY_STR = [(i, c) for i, c in enumerate(ROW_KEY) if c != "p"]
-_KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (ROW_KEY.index(c) for c in ("p", "method", "allocation", "task"))
-_MISSING = {"length": "n/a", "seed": "n/a", "source": "None"}
+#: (index in kvbench.rows.IDENTITY, column) of the key's str columns (``p`` is a float column)
+_KEY_STR = [(i, c) for i, c in enumerate(IDENTITY) if _KIND[c] == "str"]
+_KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (IDENTITY.index(c) for c in ("p", "method", "allocation", "task"))
+#: measurements read as they are (float, NaN where absent)
+_MEASURED = [c for c in _READ if _KIND[c] == "float" and c != "score"]
+#: the text of an identity field a row lacks, and the value of an absent flag
+_MISSING = {"length": "n/a", "seed": "n/a", **{c: str(v) for c, v in defaults(IDENTITY).items()}}
+_ABSENT_FLAG = {"real_fork": True, "query_aware": False, "random_weights": False}
 REVISED = "_revised"
 
 
@@ -87,8 +108,8 @@ class _Columns:
     def add(self, row: dict) -> None:
         """Append the report's fields of one result row (fields it lacks get their documented default)."""
         key = tuple(
-            round(_num(row.get("p")), 4) if c == "p" else self._s(row[c]) if c in row else _MISSING.get(c, "")
-            for c in ROW_KEY
+            round(_num(row.get("p")), P_DECIMALS) if c == "p" else self._s(row[c]) if c in row else _MISSING.get(c, "")
+            for c in IDENTITY
         )
         self.add_keyed(key, row)
 
@@ -114,11 +135,10 @@ class _Columns:
         f["score_official"].append(official)
         f["score_revised"].append(revised)
         get = row.get
-        for c in ("stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s"):
+        for c in _MEASURED:
             f[c].append(_num(get(c)))
-        b["real_fork"].append(bool(get("real_fork", True)))
-        b["query_aware"].append(bool(get("query_aware", False)))
-        b["random_weights"].append(bool(get("random_weights", False)))
+        for c in _BOOL:
+            b[c].append(bool(get(c, _ABSENT_FLAG[c])))
 
     def frame(self) -> pd.DataFrame:
         data: dict[str, object] = {c: pd.Categorical(v) for c, v in self.str.items()}
@@ -186,7 +206,7 @@ def load(dirs: Path | Sequence[Path], workers: int | None = None) -> tuple[pd.Da
     for path, file_stats in stats.items():
         read.notes += file_stats.notes(path)
     df = _concat([part for part, _ in parts])
-    duplicated = df.duplicated(subset=list(ROW_KEY), keep="first").to_numpy() if len(df) else np.zeros(0, bool)
+    duplicated = df.duplicated(subset=list(IDENTITY), keep="first").to_numpy() if len(df) else np.zeros(0, bool)
     if duplicated.any():
         df = df[~duplicated].reset_index(drop=True)
         read.notes.append(duplicates_note(int(duplicated.sum())))
@@ -250,8 +270,7 @@ def mp_context():
 
 #: the fields of a row the report reads (its key's, then :class:`_Columns`'); a row's other fields (prediction,
 #: references, meta, …) are skipped by the decoder, never built as Python objects
-_FIELDS = (*ROW_KEY, "scorer", "score", "scores", "stored_bytes", "full_bytes", "n_context", "prefill_s", "score_s",
-           "real_fork", "query_aware", "random_weights", "default_allocation")  # fmt: skip
+_FIELDS = (*IDENTITY, "scores", *_READ)
 _ReportFields = msgspec.defstruct("_ReportFields", [(f, Any, msgspec.UNSET) for f in _FIELDS])
 _decode_fields = msgspec.json.Decoder(_ReportFields).decode
 
