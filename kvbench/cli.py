@@ -1,7 +1,13 @@
-"""``kvbench`` command line: run, list, report.
+"""``kvbench`` command line: run, list, report, and the sub-commands methods contribute.
 
 User errors (:class:`~kvbench.errors.KvbenchError`) print one clear message and exit with status 2,
-without a traceback.
+without a traceback; ``--debug`` (``kvbench --debug COMMAND …``, also accepted after the command, or
+``KVBENCH_DEBUG=1``) re-raises them with the traceback.
+
+The core names no method: a method's own sub-commands are a typer app registered in
+:data:`kvbench.methods.COMMANDS` (``kvbench <name> …``), mounted by :func:`main` as a group that imports the app
+only when that group is used (``kvbench --help`` imports no torch); ``kvbench calibrate METHOD`` runs the
+calibration step of any registered method that declares one (:meth:`EvictionMethod.calibrate`).
 """
 
 from __future__ import annotations
@@ -9,14 +15,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import click
 import typer
+import typer.main
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from kvbench.errors import KvbenchError
 
@@ -27,6 +36,26 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+#: the option and environment variable of debug mode: errors re-raised with their traceback
+DEBUG_OPTION, DEBUG_ENV = "--debug", "KVBENCH_DEBUG"
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(
+        False,
+        DEBUG_OPTION,
+        help=f"Show an error's full traceback instead of one line (any command; also after the command, or "
+        f"{DEBUG_ENV}=1).",
+    ),
+) -> None:
+    """Query-agnostic KV-cache eviction benchmark for hybrid LLMs."""
+    # main() reads --debug itself (it must know it when an error reaches it); here, before any command runs
+    # (never for `kvbench --help`, which stays torch-free), the filter of transformers' kernel warnings
+    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+
+    quiet_kernel_warnings()
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -202,15 +231,36 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
             console.print(name)
 
 
+def default_report_dir(results: Path) -> Path:
+    """``kvbench report``'s default ``--out``: ``reports/<name of the results directory>`` relative to the current
+    directory (``reports/report`` for a directory without a name, such as ``/``)."""
+    return Path("reports") / (results.resolve().name or "report")
+
+
 @app.command()
 def report(
     results: str = typer.Option(
         "results/default", "--results", "-r", help="Results directory of a run; several comma separated merge."
     ),
     out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Report dir (index.html, report.md, tables/, figures/); default: 1st --results."
+        None,
+        "--out",
+        "-o",
+        help="Report dir (index.html, report.md, tables/, figures/); default: reports/NAME in the current "
+        "directory, NAME the first --results directory's name (a report never writes into a results directory).",
     ),
-    reference: str = typer.Option("gatesight", "--reference", help="Method the confidence intervals compare to."),
+    reference: Optional[str] = typer.Option(
+        None,
+        "--reference",
+        help="Method the confidence intervals compare to; default: gatesight when the rows have it, else the "
+        "method with the best mean over the pruned kept fractions (the report's notes say which).",
+    ),
+    compare: Optional[str] = typer.Option(
+        None,
+        "--compare",
+        help="Method of the 'Every method against …' tables (scores and scoring time); default: kvzip when the "
+        "rows have it, else the CI reference (the report's notes say which).",
+    ),
     cost_file: Optional[Path] = typer.Option(
         None, "--cost", help="`kvbench cost` output (default: cost.json in a results directory, when there)."
     ),
@@ -220,8 +270,8 @@ def report(
     seed: int = typer.Option(0, "--bootstrap-seed", help="Seed of the bootstrap resamples."),
 ) -> None:
     """Figures and tables of a run: printed compact tables, and a report directory (index.html, report.md, CSV,
-    LaTeX, PNG, PDF) with curves, main table, paired bootstrap CIs, scorer sensitivity, KVzip, allocations, cost,
-    memory."""
+    LaTeX, PNG, PDF) with curves, main table, paired bootstrap CIs, scorer sensitivity, every method against one
+    (--compare), allocations, cost, memory. Reads the results directories only."""
     import json
 
     from kvbench.report import missing_lines, render_rich
@@ -232,7 +282,7 @@ def report(
     dirs = [Path(d) for d in _split(results) or []]
     if not dirs:
         raise KvbenchError("--results needs a results directory, e.g. --results results/default")
-    out = out or dirs[0]
+    out = out or default_report_dir(dirs[0])
     if out.suffix == ".md":
         raise KvbenchError(f"--out {out}: give a report directory (report.md, index.html, … are written into it)")
     try:
@@ -262,10 +312,13 @@ def report(
     wide = Console(width=max(console.width, need)) if need > console.width else console
     for table in tables:
         wide.print(table)
-    options = Options(reference=reference, n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
+    options = Options(reference=reference, compare=compare, n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
                       gpu_label=gpu_memory, serve_length=serve_length, cost=cost_data)  # fmt: skip
+    built = build(df, missing, notes, load_manifests(dirs), options)
+    for note in built.notes:
+        err_console.print(f"note: {note}", style="yellow", markup=False, soft_wrap=True)
     try:
-        index = write(build(df, missing, notes, load_manifests(dirs), options), out)
+        index = write(built, out)
     except OSError as exc:
         reason = exc.strerror or exc
         raise KvbenchError(f"cannot write the report into {out} ({reason}); choose another --out") from None
@@ -335,42 +388,37 @@ def cost(
     err_console.print(f"written to {save_cost(rows, out, meta)}", markup=False)
 
 
-class Calibratable(str, Enum):
-    triattention = "triattention"
-
-
 @app.command()
 def calibrate(
-    method: Calibratable = typer.Argument(..., help="Method to calibrate (triattention)."),
+    method: str = typer.Argument(..., help="Method to calibrate: one that declares a calibration step."),
     model: Optional[str] = typer.Option(
         None, "--model", help="Built-in model name, local directory or hub id (default: tiny-trained)."
     ),
     corpus: Path = typer.Option(..., "--corpus", help="Text corpus: a file or directory of .txt/.md/.jsonl/.json."),
     max_tokens: int = typer.Option(32768, "--max-tokens", help="Calibration tokens in total."),
     out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Artifact path (default: the model's slot under $KVBENCH_CACHE/calibration)."
+        None, "--out", "-o", help="Artifact path (default: the method's place for the model under $KVBENCH_CACHE)."
     ),
     device: str = typer.Option("cpu", "--device"),
     dtype: Optional[str] = typer.Option(None, "--dtype"),
 ) -> None:
-    """Offline calibration: TriAttention's per-head query statistics for a model. Documents are taken
-    round-robin over the corpus's subdirectories (every kind is used before --max-tokens runs out), each cut
-    to the length the model was trained for (kvbench_builtin.json's context_length; else the config limit)."""
+    """Offline calibration of a method for a model (e.g. TriAttention's per-head query statistics), from a corpus
+    whose documents are taken round-robin over its subdirectories (every kind is used before --max-tokens runs
+    out). Any registered method that declares a calibration step can be named."""
     from kvbench.corpus import read_corpus, round_robin
-    from kvbench.methods import triattention
+    from kvbench.methods import list_methods, method_class
     from kvbench.models import load_model
 
+    cls = method_class(method)
+    if not cls.has_calibration():
+        able = [name for name in list_methods() if method_class(name).has_calibration()]
+        raise KvbenchError(
+            f"method {method} has no calibration step; methods that have one: {', '.join(able) or 'none'}"
+        )
     texts = [doc.text for doc in round_robin(read_corpus(corpus))]
     lm = load_model(model, device=device, dtype=dtype)
-    stats = triattention.calibrate(
-        lm.model, lm.tokenizer, texts, max_tokens=max_tokens, max_len=lm.context_length, fingerprint=lm.fingerprint
-    )
-    path = stats.save_stats(out or triattention.default_stats_path(lm.fingerprint))
-    err_console.print(
-        f"calibrated {method.value} on {stats.metadata['n_tokens']} tokens of {stats.metadata['n_documents']} "
-        f"documents (each at most {stats.metadata['max_len']} tokens) for {lm.name} -> {path}",
-        markup=False,
-    )
+    path = cls.calibrate(lm, texts, max_tokens=max_tokens, out=out)
+    err_console.print(f"calibrated {method} for {lm.name} -> {path}", markup=False, soft_wrap=True)
 
 
 def _read_text_file(path: Path, option: str) -> str:
@@ -424,7 +472,7 @@ def train_tiny(
     The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
     import json
 
-    from kvbench import train_tiny as T
+    from kvbench import training as T
 
     if card_note is not None and not export:
         raise KvbenchError("--card-note only applies to an export; add --export DIR")
@@ -438,12 +486,12 @@ def train_tiny(
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    final = T.train(
-        out, steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
-        curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM,
-        resume=resume, save_every=save_every, threads=threads,
-        mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, warmup=warmup, arch=arch, tokenizer=tok,
+    args = T.TrainArgs(
+        steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
+        curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM, warmup=warmup,
+        save_every=save_every, mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, arch=arch,
     )  # fmt: skip
+    final = T.train(out, args, T.RunOptions(resume=resume, threads=threads, tokenizer=tok))
     err_console.print(f"[green]done:[/green] model in {escape(str(final))}")
     target = T.export_builtin(final, export, note=note) if export else final
     if eval_limit > 0:
@@ -492,7 +540,7 @@ def ruler_generate(
         raise KvbenchError(f"--tokenizer {tokenizer} is not a directory; pass a Hugging Face tokenizer directory")
     from transformers import AutoTokenizer
 
-    from kvbench.tasks.ruler_official import write_ruler_jsonl
+    from kvbench.tasks.ruler_jsonl import write_ruler_jsonl
 
     try:
         tok = AutoTokenizer.from_pretrained(str(tokenizer))
@@ -604,16 +652,49 @@ def results_upgrade(
                 console.print(f"  original saved as {up.backup}", markup=False, soft_wrap=True)
 
 
-def _mount_subcommands() -> None:
-    from kvbench.methods.gatesight.cli import app as gatesight_app
-
-    app.add_typer(gatesight_app, name="gatesight", help="GateSight: utility labels, estimator training, evaluation.")
-    app.add_typer(ruler_app, name="ruler")
-    app.add_typer(scbench_app, name="scbench")
-    app.add_typer(results_app, name="results")
+app.add_typer(ruler_app, name="ruler")
+app.add_typer(scbench_app, name="scbench")
+app.add_typer(results_app, name="results")
 
 
-_mount_subcommands()
+class LazyCommands(TyperGroup):
+    """The sub-commands registered in :data:`kvbench.methods.COMMANDS` under ``name``: listed by ``kvbench
+    --help`` from the name alone; the typer app is imported (and turned into a click group) only when the group
+    is used, e.g. ``kvbench NAME --help`` or ``kvbench NAME COMMAND …``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, help=f"Commands of {name} (`kvbench {name} --help` lists them).")
+        self._group: click.Command | None = None
+
+    def load(self) -> click.Command:
+        """The registered typer app as a click command (imported on first use)."""
+        if self._group is None:
+            from kvbench.methods import COMMANDS
+
+            self._group = typer.main.get_command(COMMANDS.get(self.name))
+        return self._group
+
+    def make_context(self, info_name, args, parent=None, **extra):  # the loaded group parses and runs
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+    def list_commands(self, ctx) -> list[str]:
+        return self.load().list_commands(ctx)
+
+    def get_command(self, ctx, cmd_name: str):
+        return self.load().get_command(ctx, cmd_name)
+
+
+def command_group() -> click.Command:
+    """The whole command line as one click group: :data:`app` and a :class:`LazyCommands` group per
+    :data:`kvbench.methods.COMMANDS` name (listed without importing any of them)."""
+    from kvbench.methods import COMMANDS
+
+    group = typer.main.get_command(app)
+    for name in COMMANDS.names():
+        if name in group.commands:
+            raise KvbenchError(f"the commands {name!r} ({COMMANDS.source(name)}) clash with kvbench's own {name!r}")
+        group.add_command(LazyCommands(name), name)
+    return group
 
 
 try:  # typer >= 0.2x parses options with its own copy of click, raising its own UsageError
@@ -659,16 +740,42 @@ class _Sigterm:
         return 128 + signal.SIGTERM if self.received and code == 130 else code
 
 
-def main() -> None:
-    """Console-script entry point: run the app, turning user errors into one line and exit code 2."""
-    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+def split_debug(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug`` wherever it stands before a ``--`` (``kvbench run --debug …`` as
+    ``kvbench --debug run …``), and whether it was there or ``KVBENCH_DEBUG`` is set (not ``0``)."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a != DEBUG_OPTION] + args[end:]
+    return kept, len(kept) < len(args) or os.environ.get(DEBUG_ENV, "0") not in ("", "0")
 
-    quiet_kernel_warnings()
-    sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")
+
+@contextmanager
+def _debug_env(debug: bool):
+    """While in use, ``KVBENCH_DEBUG=1`` when ``debug`` (what a plugin's own error handling can read); the
+    variable is restored afterwards."""
+    before = os.environ.get(DEBUG_ENV)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
     try:
-        with _Sigterm() as sigterm:
-            code = app(standalone_mode=False)  # returns the exit code of an Exit (130 on Ctrl-C) in this mode
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = before
+
+
+def main() -> None:
+    """Console-script entry point: run the command line, turning user errors into one line and exit code 2
+    (with ``--debug``: re-raised, so Python prints the traceback)."""
+    sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")  # the command a run's manifest records
+    args, debug = split_debug(sys.argv[1:])
+    try:
+        with _debug_env(debug), _Sigterm() as sigterm:
+            # standalone_mode=False: returns the exit code of an Exit (130 on Ctrl-C)
+            code = command_group().main(args, prog_name="kvbench", standalone_mode=False)
     except KvbenchError as exc:
+        if debug:
+            raise
         # one line, never wrapped (an 80-column non-terminal stderr would cut it), markup in it kept literal
         err_console.print("[bold red]error:[/bold red] " + escape(str(exc)), soft_wrap=True)
         raise SystemExit(2) from None

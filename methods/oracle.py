@@ -4,7 +4,7 @@ For each question of a context, the unpruned parent first answers it (the harnes
 cache); then the question tokens followed by that answer are teacher-forced after the context in one block
 (``parent.probe``: GDN states restored to the end of the context, positions continuing from ``n``, nothing
 written into the parent). Every context entry ``i`` of attention layer ``f``, KV head ``h`` is scored by the
-future KV utility of Eq. 2 (the GateSight label, :mod:`kvbench.methods.gatesight.utility`) over those rows::
+future KV utility of Eq. 2 (the GateSight label, :mod:`kvbench.methods.kv_utility`) over those rows::
 
     U(i) = max_t || Σ_{j ∈ Q(h)} a_j(t,i) / (1 - a_j(t,i)) · W_O^(j) (v_i - o_j(t)) ||
 
@@ -19,7 +19,9 @@ ceiling. The runner scores and forks it once per (question, allocation, p), from
 
 Settings and limits:
 
-* torch engine only: Eq. 2 needs each attention layer's output projection ``W_O``, read from the model;
+* torch engine only: Eq. 2 needs each attention layer's output projection ``W_O``, read from the model's
+  attention modules, which only an engine holding the model in this process through a
+  :class:`~kvbench.engines.hf_adapters.HybridAdapter` (``engine.adapter``) exposes;
 * the forced tokens' values (needed for ``o``) are read by a forward hook on each attention layer's
   ``v_proj`` during the probe (the values of Qwen3-Next / Qwen3.5 attention are ``v_proj``'s output as is);
 * the answer is the parent's own greedy answer within the question's ``max_new_tokens`` (stop token
@@ -35,7 +37,7 @@ import torch
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError, ModelError
 from kvbench.methods import QueryAwareMethod, QuestionInput, register_method
-from kvbench.methods.gatesight.utility import (
+from kvbench.methods.kv_utility import (
     delta_r_closed_form,
     head_output_weights,
     recompute_attention,
@@ -49,15 +51,17 @@ CHUNK_ELEMS = 1 << 25
 
 
 def _attention_modules(parent: ParentSession) -> list[torch.nn.Module]:
-    from kvbench.engines.torch_engine import TorchEngine
+    """The model's attention modules by layer ordinal, from the parent's engine's HF adapter (the torch engine's;
+    an engine without one, such as vLLM's, is a :class:`KvbenchError` naming ``--engine torch``)."""
+    from kvbench.engines.hf_adapters import HybridAdapter
 
-    engine = getattr(parent, "engine", None)
-    if not isinstance(engine, TorchEngine):
+    adapter = getattr(getattr(parent, "engine", None), "adapter", None)
+    if not isinstance(adapter, HybridAdapter):
         raise KvbenchError(
             "oracle reads each attention layer's output projection from the model, which only the torch engine "
             "exposes; run it with --engine torch"
         )
-    return engine.adapter.attn
+    return adapter.attn
 
 
 @torch.no_grad()

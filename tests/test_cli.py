@@ -46,7 +46,8 @@ def read_rows(out):
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
-def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
+def test_custom_method_end_to_end_through_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the report's default --out: reports/<results dir name> here
     out = tmp_path / "run"
     args = ["run", *MODEL, "--method", "test-keynorm,full", "--p", "0.5,0.1", "--limit", "2", "--length", LENGTH]
     code = kvbench(*args, "--out", str(out))
@@ -70,7 +71,8 @@ def test_custom_method_end_to_end_through_cli(tmp_path, capsys):
     assert "6 already present" in capsys.readouterr().err.replace("\n", " ")
 
     assert kvbench("report", "--results", str(out)) == 0
-    report = (out / "report.md").read_text()
+    report = (tmp_path / "reports" / "run" / "report.md").read_text()
+    assert not (out / "report.md").exists()  # nothing written into the results directory
     assert "test-keynorm [pyramid]" in report and "p=0.5" in report and "random" in report.lower()
 
 
@@ -202,7 +204,7 @@ def _register_half_bench(bench: str, good: str, bad: str, error: type[Exception]
                 yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
 
 
-def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
+def test_missing_data_is_recorded_and_reported(tmp_path, monkeypatch, capsys):
     from kvbench.errors import MissingDataError
 
     message = "ruler/absent.json not found; set --data-dir"
@@ -227,13 +229,14 @@ def test_missing_data_is_recorded_and_reported(tmp_path, capsys):
         == 0
     )
     assert {r["task"] for r in read_rows(out)} == {"present"}
+    monkeypatch.chdir(tmp_path)
     assert kvbench("report", "--results", str(out)) == 0
-    report = (out / "report.md").read_text()
+    report = (tmp_path / "reports" / "m" / "report.md").read_text()
     assert "test-half-missing/absent** missing: ruler/absent.json not found" in report
     assert "absent" in capsys.readouterr().out
 
 
-def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, capsys):
+def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, monkeypatch, capsys):
     """Running every task of a bench, one whose smallest prompt exceeds --length is recorded and listed in
     the report (the others run); asking for it by name is an error naming the length it needs."""
     from kvbench.errors import TooShortError
@@ -246,8 +249,9 @@ def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, capsy
     assert kvbench(*base, "--out", str(out)) == 0, capsys.readouterr().err
     assert {r["task"] for r in read_rows(out)} == {"fits"}
     assert "test-half-long/long" in json.loads((out / "missing.json").read_text())
+    monkeypatch.chdir(tmp_path)
     assert kvbench("report", "--results", str(out)) == 0
-    assert "long** missing: does not fit: --length 900 is too short" in (out / "report.md").read_text()
+    assert "long** missing: does not fit: --length 900 is too short" in (tmp_path / "reports/l/report.md").read_text()
     capsys.readouterr()
     assert kvbench(*base, "--task", "long", "--out", str(tmp_path / "named")) == 2
     assert "use --length >= 5000" in capsys.readouterr().err.replace("\n", " ")
@@ -319,7 +323,7 @@ def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
+def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, monkeypatch, capsys):
     """Both real benches through `kvbench run` and `report` with the tiny model, `--limit 1`, on the
     shipped fixtures (the essay file is absent there: naming an essay task is an error that says what is
     missing, and writes nothing)."""
@@ -344,8 +348,9 @@ def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, capsys):
     scb = [r for r in rows if r["bench"] == "scbench"]
     assert all(len(r["scores"]) == 2 and any(k.endswith("_revised") for k in r["scores"]) for r in scb)
     assert {r["method"] for r in rows} == {"full", "keydiff"}
+    monkeypatch.chdir(tmp_path)
     assert kvbench("report", "--results", str(out)) == 0
-    report = (out / "report.md").read_text()
+    report = (tmp_path / "reports" / "benches" / "report.md").read_text()
     assert "choice_eng" in report and "niah_single_1" in report
 
 

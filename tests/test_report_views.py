@@ -228,14 +228,15 @@ def test_scorer_sensitivity_per_task_means_and_order():
     assert T.scorer_sensitivity(D.frame([row("a", "t", 0, 0, 0.5, 1)]))["per_task"].empty
 
 
-def test_kvzip_table_deltas_and_timing():
+def test_comparison_table_deltas_and_timing():
     rows = []
     for i in range(3):
         rows.append(row("kvzip", "t", i, 0, 0.5, 60, alloc="global", score_s=2.0 + i, prefill_s=1.0))
         rows.append(row("gatesight", "t", i, 0, 0.5, 50, alloc="gate", score_s=0.01, prefill_s=1.0))
     df = D.frame(rows)
-    kz = T.kvzip_table(df, T.averaged(T.task_scores(df))).set_index("label")
+    kz = T.comparison_table(df, T.averaged(T.task_scores(df)), "kvzip").set_index("label")
     assert kz.loc["gatesight [gate]", "delta"] == -10 and kz.loc["kvzip [global]", "delta"] == 0
+    assert kz.loc["gatesight [gate]", "kvzip"] == 60  # the compared method's score, in a column of its name
     assert kz.loc["kvzip [global]", "score_s"] == 3.0 and kz.loc["kvzip [global]", "score_over_prefill"] == 3.0
 
 

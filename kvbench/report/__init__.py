@@ -5,7 +5,8 @@ A small package, data -> tables -> figures -> renderers; every view is one funct
 
 * :mod:`.data` — rows (``results*.jsonl``, read-only) -> DataFrame, ``missing.json``, manifests;
 * :mod:`.tables` — task scores, averaged curves, main table, paired bootstrap CIs, scorer sensitivity,
-  KVzip table, allocation ablation, cost table, memory / serving view (pure functions);
+  every method against one (the comparison table), allocation ablation, cost table, memory / serving view
+  (pure functions);
 * :mod:`.figures` — per-task and averaged accuracy-vs-p curves (matplotlib);
 * :mod:`.terminal` — the compact per-task tables (markdown and rich, what the CLI prints);
 * :mod:`.render` — the report directory: ``index.html``, ``report.md``, CSV + LaTeX tables, PNG + PDF figures.

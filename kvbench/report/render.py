@@ -33,15 +33,17 @@ from kvbench.report.terminal import (
     render_markdown,
 )
 
-__all__ = ["Figure", "Options", "Report", "Section", "Table", "build", "write"]
+__all__ = ["Figure", "Options", "Report", "Section", "Table", "build", "choose_methods", "write"]
 
 
 @dataclass
 class Options:
-    """Report settings: the CI reference method, bootstrap resamples and seed, the serving view's accelerator
-    memory (bytes) and context length (tokens), the ``kvbench cost`` output (parsed JSON) if any."""
+    """Report settings: the CI reference method and the method every other is compared with (None: the defaults,
+    :func:`choose_methods`), bootstrap resamples and seed, the serving view's accelerator memory (bytes) and
+    context length (tokens), the ``kvbench cost`` output (parsed JSON) if any."""
 
-    reference: str = "gatesight"
+    reference: str | None = None
+    compare: str | None = None
     n_resamples: int = 10_000
     seed: int = 0
     gpu_bytes: int = 141 * 10**9
@@ -82,9 +84,13 @@ class Section:
 
 @dataclass
 class Report:
+    """``notes``: what the report chose (a CI reference or comparison method other than the default) and which
+    views it left out where, one line each; they are also the last lines of ``header``."""
+
     header: list[str]
     sections: list[Section]
     markdown_head: str
+    notes: list[str] = field(default_factory=list)
 
 
 def _fmt(x: float, digits: int = 1, sign: bool = False) -> str:
@@ -198,17 +204,26 @@ def _sensitivity(sens: dict, key: tuple, slug: str, title: str) -> list[Table]:
     return out
 
 
-def _kvzip(kz: pd.DataFrame, slug: str, title: str) -> Table:
-    shown = _wide(kz, ["label"], lambda r: f"{r.score:.1f} ({r.delta:+.1f})")
-    means = kz.groupby("label").agg(score=("score", "mean"), kvzip=("kvzip", "mean"), s=("score_s", "first"),
-                                    pf=("prefill_s", "first"), ratio=("score_over_prefill", "first"))  # fmt: skip
-    shown["mean"] = [f"{means.score[lab]:.1f} ({means.score[lab] - means.kvzip[lab]:+.1f})" for lab in shown.label]
+#: the first word of every table name the report writes besides the comparison's (``<method>-<setting>``)
+_TABLE_KINDS = {"main", "ceiling", "ci", "scorer", "ablation", "memory", "counts", "across", "agreement", "cost"}
+
+
+def _comparison(cmp: pd.DataFrame, method: str, slug: str, title: str) -> Table:
+    """The "Every method against METHOD" table of one setting (``cmp``: :func:`tables.comparison_table` rows)."""
+    col = method if method in cmp.columns else "compared"
+    shown = _wide(cmp, ["label"], lambda r: f"{r.score:.1f} ({r.delta:+.1f})")
+    means = cmp.groupby("label").agg(score=("score", "mean"), ref=(col, "mean"), s=("score_s", "first"),
+                                     pf=("prefill_s", "first"), ratio=("score_over_prefill", "first"))  # fmt: skip
+    shown["mean"] = [f"{means.score[lab]:.1f} ({means.score[lab] - means.ref[lab]:+.1f})" for lab in shown.label]
     shown["scoring s"] = [_fmt(means.s[lab], 3) for lab in shown.label]
     shown["prefill s"] = [_fmt(means.pf[lab], 3) for lab in shown.label]
     shown["scoring / prefill"] = [_fmt(means.ratio[lab], 3) for lab in shown.label]
-    note = ("Mean over tasks (%), in parentheses the difference to KVzip (points); `mean` over the kept fractions "
+    name = T.display_name(method)
+    note = (f"Mean over tasks (%), in parentheses the difference to {name} (points); `mean` over the kept fractions "
             "shown; seconds: medians per context of the rows' scoring and prefill times.")  # fmt: skip
-    return Table(f"kvzip-{slug}", f"Every method against KVzip — {title}", kz, shown, note, kind="kvzip")
+    stem = _file_name([method])
+    stem = f"vs-{stem}" if stem in _TABLE_KINDS else stem
+    return Table(f"{stem}-{slug}", f"Every method against {name} — {title}", cmp, shown, note, kind="comparison")
 
 
 def _ablation(ab: pd.DataFrame, slug: str, title: str) -> Table:
@@ -281,6 +296,45 @@ def _draw_all(jobs: list[tuple]) -> list[tuple[bytes, bytes]]:
         return list(pool.map(_draw, jobs))
 
 
+def _choose(
+    present: set[str],
+    given: str | None,
+    default: str,
+    fallback: tuple[str | None, str],
+    role: str,
+    option: str,
+    without: str,
+) -> tuple[str | None, list[str]]:
+    """One method setting: ``given``, else ``default`` when the rows have it, else ``fallback`` (method, why);
+    a note for every outcome but a present default or a present given method (``without``: what the report
+    lacks when the method has no rows)."""
+    if given is not None:
+        if given in present:
+            return given, []
+        return given, [f"{role} {given} ({option} {given}) has no rows here: {without}"]
+    if default in present:
+        return default, []
+    method, why = fallback
+    if method is None:
+        return None, [f"{role}: none, the rows have no {default} and no method to stand in for it: {without}"]
+    return method, [f"{role}: {method}, {why} (the rows have no {default}; {option} METHOD names another)"]
+
+
+def choose_methods(avg: pd.DataFrame, opt: Options) -> tuple[str | None, str | None, list[str]]:
+    """The CI reference and the comparison method of the report, and the notes that state any other choice
+    than a default the rows have. Defaults: :data:`tables.REFERENCE` when the rows have it, else the ranked
+    method of the best mean over the pruned kept fractions (:func:`tables.best_method`); :data:`tables.COMPARE`
+    when the rows have it, else the CI reference. ``avg``: :func:`tables.averaged` of the usable rows."""
+    present = set(avg.method.astype(str)) if len(avg) else set()
+    best = (T.best_method(avg) if len(avg) else None, "the best mean over the pruned kept fractions")
+    ref, notes = _choose(present, opt.reference, T.REFERENCE, best, "CI reference", "--reference",
+                         "no confidence intervals")  # fmt: skip
+    stand_in = (ref if ref in present else None, "the CI reference")
+    cmp, more = _choose(present, opt.compare, T.COMPARE, stand_in, "comparison", "--compare",
+                        'no "Every method against" tables')  # fmt: skip
+    return ref, cmp, notes + more
+
+
 def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests: list[dict], opt: Options) -> Report:
     """Every view of the report from the rows ``df`` (``data.load``), ``missing.json`` entries, loader notes and
     the manifests' run entries."""
@@ -291,9 +345,11 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
     use = usable(df)
     cells = T.task_scores(use)
     avg = T.averaged(cells)
-    ci = T.paired_bootstrap(use, opt.reference, opt.n_resamples, opt.seed)
+    ref, cmp, chosen = choose_methods(avg, opt)
+    present, left_out = set(avg.method.astype(str)) if len(avg) else set(), []
+    ci = T.paired_bootstrap(use, ref or "", opt.n_resamples, opt.seed)
     sens = T.scorer_sensitivity(use)
-    kz = T.kvzip_table(use, avg)
+    against = T.comparison_table(use, avg, cmp or "")
     ab = T.allocation_ablation(avg, T.recorded_defaults(use))
     gap = T.ceiling_gap(avg)
     shapes = {(r.get("model"), r.get("model_fingerprint") or ""): r["model_shape"] for r in manifests
@@ -317,7 +373,7 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
             job = ("averaged", a, f"mean over {a.n_tasks.max()} tasks — {title}", palette)
             jobs.append((len(sections), len(sec.blocks), f"averaged-{slug}", "Mean over tasks", mixed, job))
             sec.blocks.append(None)  # drawn below, with every other figure
-            band = f"; bands: paired 95 % bootstrap intervals of the difference to {opt.reference}" if len(b) else ""
+            band = f"; bands: paired 95 % bootstrap intervals of the difference to {ref}" if len(b) else ""
             job = ("tasks", c, title, palette, b if len(b) else None)
             jobs.append((len(sections), len(sec.blocks), f"tasks-{slug}", "Per task",
                          f"Accuracy vs kept fraction{band}.", job))  # fmt: skip
@@ -330,9 +386,13 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
                                     _ceiling_note(g), kind="ceiling"))  # fmt: skip
         if len(b):
             sec.blocks.append(_ci(b, slug, title, b.reference.iloc[0]))
+        elif ref in present:
+            left_out.append(f"{title}: no confidence intervals (no {ref} rows paired with another method's there)")
         sec.blocks += _sensitivity(sens, key, slug, title)
-        if len(k := of(kz, key)):
-            sec.blocks.append(_kvzip(k, slug, title))
+        if len(k := of(against, key)):
+            sec.blocks.append(_comparison(k, cmp, slug, title))
+        elif cmp in present:
+            left_out.append(f'{title}: no "Every method against {T.display_name(cmp)}" table (no {cmp} rows there)')
         if len(x := of(ab, key)):
             sec.blocks.append(_ablation(x, slug, title))
         if len(m := of(mem, key)):
@@ -361,7 +421,8 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         note = f"`kvbench cost` on {meta.get('model', '?')}: median seconds of {meta.get('repeats', '?')} runs."
         sections.append(Section("Scoring cost", [Table("cost", "Scoring cost by context length", cost,
                                                        shown.astype(str), note, kind="cost")]))  # fmt: skip
-    return Report(header, sections, render_markdown(df, missing, across=False))  # the sections hold them
+    notes = chosen + left_out
+    return Report(header + notes, sections, render_markdown(df, missing, across=False), notes)  # across: sections
 
 
 # --- writers ---------------------------------------------------------------------------------------------------
@@ -420,6 +481,8 @@ def write(report: Report, out_dir: Path) -> Path:
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     md = [report.markdown_head.rstrip(), ""]
+    if report.notes:
+        md += ["## Notes", "", *(f"- {note}" for note in report.notes), ""]
     for sec in report.sections:
         md += [f"## {sec.title} (report)", ""]
         for b in sec.blocks:

@@ -31,11 +31,13 @@ __all__ = [
     "across_models",
     "allocation_ablation",
     "averaged",
+    "best_method",
     "ceiling_gap",
+    "comparison_table",
     "cost_table",
     "default_allocation",
+    "display_name",
     "kendall_tau_b",
-    "kvzip_table",
     "main_table",
     "memory_view",
     "model_names",
@@ -51,7 +53,10 @@ __all__ = [
 ]
 
 FULL = "full"
-KVZIP = "kvzip"
+#: the default CI reference and comparison methods, each used when the rows have it (the report states its choice
+#: otherwise: ``kvbench report --reference / --compare``)
+REFERENCE = "gatesight"
+COMPARE = "kvzip"
 _OBS = {"observed": True, "sort": True}
 
 
@@ -280,7 +285,7 @@ def resample_weights(n_contexts: int, n_resamples: int, seed: Sequence[int]) -> 
 
 
 def paired_bootstrap(
-    df: pd.DataFrame, reference: str = "gatesight", n_resamples: int = 10_000, seed: int = 0, level: float = 0.95
+    df: pd.DataFrame, reference: str = REFERENCE, n_resamples: int = 10_000, seed: int = 0, level: float = 0.95
 ) -> pd.DataFrame:
     """Paired bootstrap of each ranked label's task score minus the reference method's, per (SETTING, task, p).
 
@@ -404,19 +409,45 @@ def scorer_sensitivity(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             "delta", "n_tasks", "partial"]], "order": order}  # fmt: skip
 
 
-def kvzip_table(df: pd.DataFrame, avg: pd.DataFrame) -> pd.DataFrame:
-    """Every ranked label against KVzip per setting that has it: per p the averaged score and its difference
-    to KVzip's (``delta``, points), plus each label's median scoring and prefill seconds per context and
-    the median of their ratio, from the rows."""
-    cols = [*SETTING, "label", "p", "score", "kvzip", "delta", "score_s", "prefill_s", "score_over_prefill"]
-    kz = avg[avg.method == KVZIP]
-    if kz.empty:
+def best_method(avg: pd.DataFrame) -> str | None:
+    """The ranked method (not ``full``, not query-aware) with the highest mean of its averaged scores over the
+    pruned kept fractions (p < 1) of every setting, allocation and option set it has (ties: the first name); None
+    when no ranked method has a pruned cell. ``avg``: :func:`averaged` rows."""
+    r = avg[avg.label.isin(ranked_labels(avg)) & (avg.p < 1.0)]
+    if r.empty:
+        return None
+    means = r.groupby(r.method.astype(str), sort=True).score.mean()
+    return str(means.index[np.isclose(means, means.max(), rtol=0, atol=1e-9)][0])
+
+
+def display_name(method: str) -> str:
+    """How the report writes ``method`` in prose: its class's name where that spells the method name in other
+    letter cases (``KVzip`` for ``kvzip``), else the name itself (a method not installed where the report runs)."""
+    try:
+        from kvbench.methods import method_class
+
+        name = method_class(method).__name__
+    except Exception:  # not installed here, or not a plain method name (METHOD[OPTION=VALUE], METHOD@SHA)
+        return method
+    return name if name.lower() == method.lower() else method
+
+
+def comparison_table(df: pd.DataFrame, avg: pd.DataFrame, method: str) -> pd.DataFrame:
+    """Every ranked label against ``method`` per setting that has it: per p the averaged score and its difference
+    to ``method``'s (``delta``, points; its label of the shortest name where it has several), plus each label's
+    median scoring and prefill seconds per context and the median of their ratio, from the rows. ``method``'s own
+    score is the column named ``method`` (``compared`` where that name is taken by another column)."""
+    base = [*SETTING, "label", "p", "score", "delta", "score_s", "prefill_s", "score_over_prefill"]
+    col = "compared" if method in {*base, *avg.columns, "ref_label", "ratio"} else method
+    cols = [*SETTING, "label", "p", "score", col, "delta", "score_s", "prefill_s", "score_over_prefill"]
+    ref = avg[avg.method == method]
+    if ref.empty:
         return pd.DataFrame(columns=cols)
-    kz_label = kz.groupby(SETTING).label.agg(lambda s: sorted(s, key=len)[0]).rename("kz_label")
-    ranked = avg[avg.label.isin(ranked_labels(avg))].merge(kz_label, left_on=SETTING, right_index=True)
-    kzs = avg.rename(columns={"label": "kz_label", "score": "kvzip"})[[*SETTING, "kz_label", "p", "kvzip"]]
-    m = ranked.merge(kzs, on=[*SETTING, "kz_label", "p"], how="left")
-    m["delta"] = m.score - m.kvzip
+    ref_label = ref.groupby(SETTING).label.agg(lambda s: sorted(s, key=len)[0]).rename("ref_label")
+    ranked = avg[avg.label.isin(ranked_labels(avg))].merge(ref_label, left_on=SETTING, right_index=True)
+    refs = avg.rename(columns={"label": "ref_label", "score": col})[[*SETTING, "ref_label", "p", col]]
+    m = ranked.merge(refs, on=[*SETTING, "ref_label", "p"], how="left")
+    m["delta"] = m.score - m[col]
     per_ctx = df.groupby([*SETTING, "label", "task", "item"], **_OBS)[["score_s", "prefill_s"]].first().dropna()
     per_ctx["ratio"] = per_ctx.score_s / per_ctx.prefill_s
     timing = per_ctx.groupby([*SETTING, "label"], observed=True).median().reset_index()

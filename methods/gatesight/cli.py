@@ -1,4 +1,5 @@
-"""``kvbench gatesight label | train | eval`` (a typer sub-app; mounted by :mod:`kvbench.cli`).
+"""``kvbench gatesight label | train | eval``: a typer app registered in :data:`kvbench.methods.COMMANDS` under
+the name the method's class gives as ``commands``; ``kvbench`` imports it only when these commands are used.
 
 Typical use::
 
@@ -7,12 +8,15 @@ Typical use::
     kvbench gatesight eval  --labels labels/M --out reports/gatesight
     kvbench run --method gatesight --model M …
 
-User errors (:class:`~kvbench.errors.KvbenchError`) print one message and exit with status 2.
+User errors (:class:`~kvbench.errors.KvbenchError`) print one message and exit with status 2, also where the app
+runs on its own (``CliRunner().invoke(app, …)``); under ``kvbench --debug`` (``KVBENCH_DEBUG=1``) they are
+re-raised with their traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +40,8 @@ def _user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except KvbenchError as exc:
+            if os.environ.get("KVBENCH_DEBUG", "0") not in ("", "0"):  # kvbench --debug: the traceback
+                raise
             console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
             raise typer.Exit(2) from None
 
