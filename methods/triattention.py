@@ -24,9 +24,10 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
 from kvbench.prompt import encode
+
+if TYPE_CHECKING:
+    from kvbench.models import LoadedModel
 
 CALIBRATE_COMMAND = "kvbench calibrate triattention --model M --corpus PATH"
 FORMAT = "kvbench-triattention-v1"
@@ -86,6 +90,7 @@ def trig_scores(
     aggregation: str = "mean",
     mlr: bool = True,
     zero_freq_bands: bool = True,
+    trig: bool = True,
 ) -> torch.Tensor:
     """TriAttention score of every key for every query head of one layer: ``[H, n]`` float32.
 
@@ -95,15 +100,19 @@ def trig_scores(
 
         s_o(p) = Σ_b |q̄_b||k_b| cos(ω_b Δ + arg(q̄_b conj k_b))  +  Σ_b (E|q_b| - |q̄_b|) |k_b|
 
-    (the second sum only if ``mlr``; ``k_b`` the un-rotated key band), aggregated over the offsets ``o``
-    by ``mean`` or ``max``. The first sum is the logit ``q̄(round_start + o) · k`` of the centre query
-    rotated to the future position, so it is evaluated as ``Re(q̄_b e^{jω_b(round_start + o)} conj k_b)``
-    on the stored (rotated) key, with no RoPE inversion; for ``mean`` the offsets fold into one query.
+    (the first sum only if ``trig``, the second only if ``mlr``; ``k_b`` the un-rotated key band),
+    aggregated over the offsets ``o`` by ``mean`` or ``max``. The first sum is the logit
+    ``q̄(round_start + o) · k`` of the centre query rotated to the future position, so it is evaluated as
+    ``Re(q̄_b e^{jω_b(round_start + o)} conj k_b)`` on the stored (rotated) key, with no RoPE inversion; for
+    ``mean`` the offsets fold into one query.
     ``zero_freq_bands=False`` leaves the ``(D - R)/2`` pass-through bands out of both sums (only the
-    rotated bands ``b < R/2`` score).
+    rotated bands ``b < R/2`` score). ``trig=False`` leaves out the first sum, over every band (the
+    reference's ``disable_trig`` ablation): the score is the MLR sum alone, the same for every offset.
     """
     if aggregation not in ("mean", "max"):
         raise ValueError(f"aggregation must be 'mean' or 'max', got {aggregation!r}")
+    if not (trig or mlr):
+        raise KvbenchError("TriAttention with neither the trigonometric nor the MLR term has nothing to score")
     H_kv, n, D = keys.shape
     H = q_mean_re.shape[0]
     re_idx, im_idx = (i.to(keys.device) for i in band_index(D, rotary_dim))
@@ -115,23 +124,36 @@ def trig_scores(
     kr, ki = k[..., re_idx], k[..., im_idx]  # [H_kv, n, B]
     dev = keys.device
     qbar = torch.complex(q_mean_re.double(), q_mean_im.double()).to(dev)  # [H, B]
+    out = torch.zeros(H_kv, H // H_kv, n, dtype=torch.float32, device=dev)
+    if trig:
+        out = out + _trig_term(kr, ki, qbar, omega, round_start, offsets, aggregation)
+    if mlr:
+        spread = (q_abs_mean.double().to(dev) - qbar.abs()).float().view(H_kv, H // H_kv, -1)
+        out = out + torch.einsum("kgb,knb->kgn", spread, torch.hypot(kr, ki))
+    return out.reshape(H, n)
+
+
+def _trig_term(
+    kr: torch.Tensor,
+    ki: torch.Tensor,
+    qbar: torch.Tensor,
+    omega: torch.Tensor,
+    round_start: int,
+    offsets: Sequence[int],
+    aggregation: str,
+) -> torch.Tensor:
+    """``[H_kv, G, n]``: the centre-query logit ``Re(q̄_b e^{jω_b(round_start + o)} conj k_b)`` summed over the
+    bands ``b`` and aggregated over the offsets ``o`` (kr, ki ``[H_kv, n, B]``; qbar ``[H, B]`` complex128)."""
+    H_kv, H, dev = kr.shape[0], qbar.shape[0], kr.device
     pos = round_start + torch.tensor(list(offsets), dtype=torch.float64, device=dev)  # [O]
     angle = pos[:, None] * omega.double().to(dev)[None]  # [O, B]
     rot = torch.polar(torch.ones_like(angle), angle)
     if aggregation == "mean":
         c = (qbar * rot.mean(0)[None]).view(H_kv, H // H_kv, -1)  # [H_kv, G, B]
-        trig = torch.einsum("kgb,knb->kgn", c.real.float(), kr) + torch.einsum("kgb,knb->kgn", c.imag.float(), ki)
-    else:
-        c = (qbar[:, None, :] * rot[None]).view(H_kv, H // H_kv, len(pos), -1)  # [H_kv, G, O, B]
-        per_offset = torch.einsum("kgob,knb->kgon", c.real.float(), kr) + torch.einsum(
-            "kgob,knb->kgon", c.imag.float(), ki
-        )
-        trig = per_offset.amax(dim=2)
-    out = trig
-    if mlr:
-        spread = (q_abs_mean.double().to(dev) - qbar.abs()).float().view(H_kv, H // H_kv, -1)
-        out = out + torch.einsum("kgb,knb->kgn", spread, torch.hypot(kr, ki))
-    return out.reshape(H, n)
+        return torch.einsum("kgb,knb->kgn", c.real.float(), kr) + torch.einsum("kgb,knb->kgn", c.imag.float(), ki)
+    c = (qbar[:, None, :] * rot[None]).view(H_kv, H // H_kv, len(pos), -1)  # [H_kv, G, O, B]
+    per_offset = torch.einsum("kgob,knb->kgon", c.real.float(), kr) + torch.einsum("kgob,knb->kgon", c.imag.float(), ki)
+    return per_offset.amax(dim=2)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -404,17 +426,18 @@ class TriAttention(EvictionMethod):
     query head over the body candidates (positions ``prot..n-1``), then the **max over the query heads
     of each KV head** (GQA-group max) gives the ``[H_kv, n]`` scores; flat per-head budgets. Knobs (class
     or instance attributes): ``offsets``, ``aggregation`` (``"mean"`` or ``"max"``), ``normalize``
-    (z-score), ``mlr`` (magnitude term), ``zero_freq_bands``. ``zero_freq_bands``, ``mlr`` and ``normalize``
-    are method options (``kvbench run --set triattention.zero_freq_bands=false``).
+    (z-score), ``mlr`` (magnitude term), ``zero_freq_bands``, ``trig`` (trigonometric term). ``zero_freq_bands``,
+    ``mlr``, ``normalize`` and ``trig`` are method options (``kvbench run --set triattention.trig=false``);
+    ``trig=false`` is the reference's ``disable_trig`` ablation (the MLR term alone), ``mlr=false`` drops the
+    MLR term (the reference's ``disable_mlr`` instead replaces its weight ``E|q| - |q̄|`` by ``E|q|``).
 
     Pass-through dims (``zero_freq_bands``, default True, the paper's stated setting): the ``D - R`` dims that
     RoPE does not rotate enter as zero-frequency bands, whose trig term is the position-independent
     ``q̄·k`` of those dims. With partial RoPE that is most of the head (48 of 64 dims on ``tiny-trained``,
-    192 of 256 on Qwen3-Next), and the constant term can dominate the score: measured for issue 18 on the
-    shipped model with its earlier statistics, its per-head spread over the context was 2-14 against 1-3 for
-    the rotated bands, and it ranked the needle near the bottom in the one attention head that reads it,
-    which is why TriAttention scores 0 on the niah tasks there. ``zero_freq_bands=False`` scores the
-    rotated bands only (both sums), to show that choice's effect; it is not the paper's method.
+    192 of 256 on Qwen3-Next). On ``tiny-trained`` that constant term favours keys like the mean key and buries
+    the needle, whose signal there is in the magnitude term over the same dims (docs/triattention.md, measured
+    with scripts/triattention_diagnose.py). ``zero_freq_bands=False`` scores the rotated bands only (both sums),
+    to show that choice's effect; it is not the paper's method.
 
     Statistics: ``stats`` (constructor argument: a :class:`TriAttentionStats` in memory, e.g. straight
     from :func:`calibrate`) is used as is; else ``stats_path`` (class or instance attribute, or
@@ -456,11 +479,14 @@ class TriAttention(EvictionMethod):
     normalize = True
     mlr = True
     zero_freq_bands = True
+    trig = True
     options = {
         "zero_freq_bands": "score the pass-through (un-rotated) dims as zero-frequency bands (the paper's "
         "setting); false scores the rotated bands only",
         "mlr": "add the magnitude (MLR) term",
         "normalize": "z-score each query head's scores before the GQA max",
+        "trig": "add the trigonometric (centre-query) term; false scores the MLR term alone (the reference's "
+        "disable_trig ablation)",
     }
 
     def __init__(
@@ -477,6 +503,27 @@ class TriAttention(EvictionMethod):
             self.fingerprint = fingerprint
         self.stats = stats
         self._cache: tuple[tuple, TriAttentionStats] | None = None
+
+    @classmethod
+    def calibrate(
+        cls, lm: LoadedModel, texts: list[str], *, max_tokens: int = DEFAULT_MAX_TOKENS, out: Path | None = None
+    ) -> Path:
+        """Offline calibration (``kvbench calibrate triattention``): :func:`calibrate` on ``texts`` (each cut to
+        the model's trained ``context_length``, at most ``max_tokens`` tokens in all) for ``lm``, saved to
+        ``out`` (default :func:`default_stats_path` of its fingerprint). Returns the artifact's path; its
+        ``.json`` sidecar holds the metadata (``n_tokens``, ``n_documents``, ``max_len``, …)."""
+        stats = calibrate(
+            lm.model, lm.tokenizer, texts, max_tokens=max_tokens, max_len=lm.context_length, fingerprint=lm.fingerprint
+        )
+        return stats.save_stats(out or default_stats_path(lm.fingerprint))
+
+    def set_options(self, values: Mapping[str, str]) -> None:
+        """As :meth:`EvictionMethod.set_options`; ``trig=false`` with ``mlr=false`` (no term left) is refused."""
+        super().set_options(values)
+        if not (self.trig or self.mlr):
+            raise KvbenchError(
+                "--set triattention.trig=false with triattention.mlr=false leaves nothing to score; keep one of them"
+            )
 
     def resolve_stats_path(self, parent: ParentSession | None = None) -> Path:
         """``stats_path`` if set, else the default location for the model's fingerprint."""
@@ -528,27 +575,33 @@ class TriAttention(EvictionMethod):
                 f"recalibrate with `{CALIBRATE_COMMAND}`"
             )
 
+    def head_scores(self, parent: ParentSession, stats: TriAttentionStats, f: int) -> torch.Tensor:
+        """Raw scores ``[H, n]`` of every key of attention layer ``f`` for every query head: :func:`trig_scores`
+        with this instance's settings and ``round_start = parent.n`` (before z-score and GQA max)."""
+        return trig_scores(
+            parent.keys(f),
+            stats.q_mean_re[f],
+            stats.q_mean_im[f],
+            stats.q_abs_mean[f],
+            stats.omega,
+            stats.rotary_dim,
+            round_start=parent.n,
+            offsets=self.offsets,
+            aggregation=self.aggregation,
+            mlr=self.mlr,
+            zero_freq_bands=self.zero_freq_bands,
+            trig=self.trig,
+        )
+
     def score(self, parent: ParentSession) -> list[torch.Tensor]:
         stats = self.load(parent)
         self._check(stats, parent)
-        n, prot, H_kv, H = parent.n, parent.prot, parent.n_kv_heads, parent.n_heads
+        n, H_kv, H = parent.n, parent.n_kv_heads, parent.n_heads
         out = []
         for f in range(parent.n_attn_layers):
-            s = trig_scores(
-                parent.keys(f),
-                stats.q_mean_re[f],
-                stats.q_mean_im[f],
-                stats.q_abs_mean[f],
-                stats.omega,
-                stats.rotary_dim,
-                round_start=n,
-                offsets=self.offsets,
-                aggregation=self.aggregation,
-                mlr=self.mlr,
-                zero_freq_bands=self.zero_freq_bands,
-            )  # [H, n]
+            s = self.head_scores(parent, stats, f)  # [H, n]
             if self.normalize:
-                s = zscore(s, prot)
+                s = zscore(s, parent.prot)
             out.append(s.view(H_kv, H // H_kv, n).amax(dim=1))
         return out
 
