@@ -100,7 +100,11 @@ def _no_duplicates(option: str, values: Sequence) -> None:
         raise KvbenchError(f"{option} lists {', '.join(twice)} more than once; give each value once")
 
 
-def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[float]]]:
+#: One entry of a run's plan (:func:`validate`): a method, its allocations and its kept fractions.
+PlanEntry = tuple[EvictionMethod, list[str], list[float]]
+
+
+def validate(config: RunConfig) -> list[PlanEntry]:
     """Check the configuration before any model is loaded; return (method, allocations, ps) per method."""
     if config.engine not in ENGINES:
         raise KvbenchError(f"unknown engine {config.engine!r}; valid engines: {', '.join(ENGINES)}")
@@ -146,8 +150,8 @@ def validate(config: RunConfig) -> list[tuple[EvictionMethod, list[str], list[fl
         cls = method_class(name)
         engines = getattr(cls, "engines", None)  # a method that runs on some engines only names them
         if engines is not None and config.engine not in engines:
-            raise KvbenchError(f"method {name} runs on the {' / '.join(engines)} engine only; drop it or use "
-                               f"--engine {engines[0]}")  # fmt: skip
+            only = " / ".join(engines)
+            raise KvbenchError(f"method {name} runs on the {only} engine only; drop it or use --engine {engines[0]}")
         method = get_method(name, config.seed, config.method_options.get(name))
         if cls.fixed_p is not None:
             plan.append((method, [cls.default_allocation], [cls.fixed_p]))
@@ -527,10 +531,6 @@ def run_models(config: RunConfig, models: Sequence[str | None], console: Console
         total.recovered = total.recovered or summary.recovered
         total.path = summary.path
     return total
-
-
-#: One entry of a run's plan (:func:`validate`): a method, its allocations and its kept fractions.
-PlanEntry = tuple[EvictionMethod, list[str], list[float]]
 
 
 @dataclass(frozen=True)
