@@ -117,7 +117,7 @@ class Registry(Generic[T]):
         elif name in self._added:
             obj = self._added[name][0]
         else:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}")
+            raise self._unknown(name)
         if name in self._added and self._added[name][0] is not obj:
             raise self._collision(name, self.source(name), self._added[name][1])
         self._validate(name, obj, self.source(name))
@@ -134,7 +134,7 @@ class Registry(Generic[T]):
             return _entry_point_source(plugins[name])
         if name in self._added:
             return self._added[name][1]
-        raise UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}")
+        raise self._unknown(name)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.names()
@@ -209,6 +209,9 @@ class Registry(Generic[T]):
             )
         if self._check is not None:
             self._check(name, obj)
+
+    def _unknown(self, name: str) -> UnknownNameError:
+        return UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}")
 
     def _collision(self, name: str, first: str, second: str) -> RegistryError:
         return RegistryError(

@@ -36,13 +36,15 @@ from kvbench.methods.gatesight.train import (
 from kvbench.methods.gatesight.utility import (
     LabelCheckError,
     LabelConfig,
+    label_document,
+    sample_continuations,
+    sample_next,
+)
+from kvbench.methods.kv_utility import (
     delta_r_brute_force,
     delta_r_closed_form,
     head_output_weights,
-    label_document,
     recompute_attention,
-    sample_continuations,
-    sample_next,
 )
 from kvbench.models import byte_tokenizer, fingerprint
 from tests.conftest import tiny_model

@@ -1,10 +1,10 @@
 """Future KV utility (paper §2, Eq. 2; Appendix B): the training label of GateSight.
 
 Eq. 2 itself (the leave-one-out change ``Δr`` of an attention layer's ungated output, its closed form and its
-brute-force reference) lives in :mod:`kvbench.methods.kv_utility`, shared with the query-aware ``oracle``; its
-functions are re-exported here. This module labels documents with it: :func:`label_document` evaluates the
-closed form in float64 for every sampled continuation and checks it against brute-force deletion on every
-document, plus the reconstruction of the module's output and the coverage of every position (Appendix B).
+brute-force reference) lives in :mod:`kvbench.methods.kv_utility`, shared with the query-aware ``oracle``. This
+module labels documents with it: :func:`label_document` evaluates the closed form in float64 for every sampled
+continuation and checks it against brute-force deletion on every document, plus the reconstruction of the
+module's output and the coverage of every position (Appendix B).
 
 Continuations are sampled by :func:`sample_continuations`, the harness's own loop (explicit position ids, a
 fresh cache, no ``generate()``), all ``M`` of a document in one batch.
@@ -31,15 +31,10 @@ __all__ = [
     "DocumentLabel",
     "LabelCheckError",
     "LabelConfig",
-    "delta_r_brute_force",
-    "delta_r_closed_form",
     "doc_seed",
-    "head_output_weights",
     "label_document",
-    "recompute_attention",
     "sample_continuations",
     "sample_next",
-    "utility_from_delta",
 ]
 
 
