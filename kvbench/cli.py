@@ -112,6 +112,12 @@ def run(
         None, "--dtype", metavar="[float32|bfloat16|float16]", help="Weights dtype (default: fp32 on CPU, bf16 on GPU)."
     ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (>= 1)."),
+    answer_batch: Optional[int] = typer.Option(
+        None,
+        "--answer-batch",
+        help="Children of a context answering a question together in one batched decode (torch engine): 1 "
+        "answers each child alone; default: every child of the context that fits in a quarter of the free memory.",
+    ),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
     ),
@@ -164,6 +170,7 @@ def run(
         dtype=dtype,
         threads=threads,
         method_options=parse_method_options(set_),
+        answer_batch=answer_batch,
     )
     models = _split(model) or [None]
     if ray is not None:

@@ -127,7 +127,9 @@ class Row(RowKey):
     included; ``stored_bytes`` / ``full_bytes`` their K/V storage; ``padded`` whether the child pads heads;
     ``n_context`` / ``prot`` the context's and its protected prefix's tokens; ``truncated_from`` the context's
     tokens before middle truncation (None if not truncated); ``prefill_s``, ``score_s``, ``fork_s``, ``answer_s``
-    wall seconds of the context's prefill, the method's scoring, the fork and the answer; ``new_tokens`` answer
+    wall seconds of the context's prefill, the method's scoring, the fork and the answer (an answer decoded in a
+    batch of ``answer_batch`` children: the batch's wall time divided by ``answer_batch``, so a batch's rows add up
+    to it; rows written before batching read ``answer_batch`` 1); ``new_tokens`` answer
     tokens, ``stopped`` whether a stop token ended it; ``random_weights`` the model's weights are random;
     ``meta`` the context's free-form details; ``method_options`` the options differing from the method's
     defaults (absent when there are none)."""
@@ -152,6 +154,7 @@ class Row(RowKey):
     score_s: float = _field()
     fork_s: float = _field()
     answer_s: float = _field()
+    answer_batch: int = _field(Absent.DEFAULT, 1)
     new_tokens: int = _field()
     stopped: bool = _field()
     random_weights: bool = _field()

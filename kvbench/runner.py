@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 import kvbench
 from kvbench import budgets
 from kvbench.engines import ENGINES
-from kvbench.engines.base import ChildSession, EngineBase, ParentSession
+from kvbench.engines.base import Answer, ChildSession, EngineBase, ParentSession
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.methods import EvictionMethod, QuestionInput, get_method, method_class
 from kvbench.models import (
@@ -71,6 +71,7 @@ class RunConfig:
     dtype: str | None = None
     threads: int | None = None
     method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
+    answer_batch: int | None = None  # children answering together; None: all of a context that fit in memory
 
 
 @dataclass
@@ -116,6 +117,11 @@ def validate(config: RunConfig) -> list[PlanEntry]:
         raise KvbenchError(f"--length {config.length}: need a positive number of tokens (or omit it for the default)")
     if config.threads is not None and config.threads < 1:
         raise KvbenchError(f"--threads {config.threads}: need at least 1 (or omit it for torch's default)")
+    if config.answer_batch is not None and config.answer_batch < 1:
+        raise KvbenchError(
+            f"--answer-batch {config.answer_batch}: need at least 1 (1 answers each child alone; omit it to batch "
+            "every child of a context that fits in memory)"
+        )
     if not 0 <= config.seed < SEED_LIMIT:
         raise KvbenchError(f"--seed {config.seed}: need an integer from 0 to {SEED_LIMIT - 1} (2**32 - 1)")
     if not config.ps:
@@ -415,6 +421,12 @@ def _run_locked(
     store.defer(lambda: store.write_manifest(entry))
     store.defer(say_recovered)
     engine = make_engine(config.engine, lm, config.length, config.device)
+    if config.answer_batch is not None and config.answer_batch > 1 and not engine.batches_children:
+        engine.close()
+        raise KvbenchError(
+            f"--answer-batch {config.answer_batch}: the {config.engine} engine answers one child at a time "
+            f"({engine.batches_children_why}); drop --answer-batch or use --engine torch"
+        )
     if on_progress:
         on_progress(summary, contexts.total)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -565,6 +577,17 @@ class Child:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """One child to fork and what it answers: ``scored``'s selection at (``allocation``, ``p``), and the indices of
+    the context's questions whose rows are pending for it."""
+
+    scored: Scored
+    allocation: str
+    p: float
+    questions: list[int]
+
+
+@dataclass(frozen=True)
 class RunState:
     """What every context of one run shares: ``config`` (defaults resolved), the model ``lm`` and its
     ``engine``, the ``plan``, each method label's ``artifacts`` digest, the results ``store``, the ``summary``
@@ -649,23 +672,39 @@ def _run_context(run: RunState, ctx: Context) -> None:
     rendered = parent.rendered
     session = run.engine.prefill(rendered.context_ids, rendered.prot, query_window=run.query_window)
     parent = replace(parent, session=session)
+    batch = _batch_size(run, parent)
     try:
+        units: list[Unit] = []  # scored, not answered yet: answered as soon as a batch is full
         for method, _, _ in run.plan:
             todo = pending[method.label]
             if not any(todo.values()):
                 continue
             if method.query_aware:
-                _run_query_aware(run, parent, method, todo)
+                _run_query_aware(run, parent, method, todo, batch)
                 continue
             run.say(f"{ctx.task} #{ctx.item} {method.name}: scoring")
             scored = _score(parent, method)
-            for (alloc, p), questions in todo.items():
-                if not questions:
-                    continue
-                run.say(f"{ctx.task} #{ctx.item} {method.name} [{alloc}] p={p}")
-                _fork_and_answer(run, parent, scored, alloc, p, questions)
+            units += [Unit(scored, alloc, p, questions) for (alloc, p), questions in todo.items() if questions]
+            while len(units) >= batch:
+                _fork_and_answer(run, parent, units[:batch])
+                units = units[batch:]
+        if units:
+            _fork_and_answer(run, parent, units)
     finally:
         session.release()
+
+
+def _batch_size(run: RunState, parent: ParentContext) -> int:
+    """How many children of ``parent`` answer together: ``--answer-batch`` when given, else as many as the engine
+    estimates fit in memory for the context's longest question and answer (:meth:`ParentSession.answer_batch_limit`)
+    and it may hold live at once."""
+    if run.config.answer_batch is not None:
+        return run.config.answer_batch
+    session, rendered = parent.session, parent.rendered
+    question_tokens = max(len(ids) for ids in rendered.question_ids)
+    max_new = max(q.max_new_tokens for q in parent.ctx.questions)
+    limit = session.answer_batch_limit(question_tokens, max_new)
+    return max(1, min(limit, session.max_live_children or limit))
 
 
 def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInput | None = None) -> Scored:
@@ -681,28 +720,48 @@ def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInpu
     return Scored(method, scores, seconds)
 
 
-def _fork_and_answer(
-    run: RunState, parent: ParentContext, scored: Scored, allocation: str, p: float, questions: Sequence[int]
-) -> None:
-    """Fork ``parent`` keeping what ``scored`` selects at (``allocation``, ``p``), answer the questions
-    ``questions`` (indices) from the child and append their rows."""
-    kept = scored.method.select(parent.session, scored.scores, p, allocation)
-    child = Child(allocation, p, parent.session.fork(kept))
+def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
+    """Fork ``parent`` once per unit (keeping what its method selects at its allocation and p), then per question
+    answer it from every child that has it pending, all of them in one :meth:`ParentSession.answer_children` call
+    (one batched decode on an engine that batches), and append their rows; release the children."""
+    ctx, rendered, session = parent.ctx, parent.rendered, parent.session
+    children: list[Child] = []
     try:
-        for qi in questions:
-            run.store.append(_answer_row(run, parent, scored, child, qi).to_dict())
-            run.summary.rows_written += 1
+        for unit in units:
+            run.say(f"{ctx.task} #{ctx.item} {unit.scored.method.name} [{unit.allocation}] p={unit.p}: fork")
+            kept = unit.scored.method.select(session, unit.scored.scores, unit.p, unit.allocation)
+            children.append(Child(unit.allocation, unit.p, session.fork(kept)))
+        for qi in sorted({qi for unit in units for qi in unit.questions}):
+            answering = [(u, c) for u, c in zip(units, children, strict=True) if qi in u.questions]
+            q = ctx.questions[qi]
+            alone = f"{answering[0][0].scored.method.name} [{answering[0][1].allocation}] p={answering[0][1].p}"
+            who = alone if len(answering) == 1 else f"{len(answering)} children"
+            run.say(f"{ctx.task} #{ctx.item} q={q.qid}: {who}")
+            answers = session.answer_children(
+                [c.session for _, c in answering],
+                rendered.question_ids[qi],
+                max_new_tokens=q.max_new_tokens,
+                context_sha256=rendered.sha256,
+            )
+            for (unit, child), ans in zip(answering, answers, strict=True):
+                run.store.append(_answer_row(run, parent, unit.scored, child, qi, ans).to_dict())
+                run.summary.rows_written += 1
     finally:
-        child.session.release()
+        for child in children:
+            child.session.release()
 
 
 def _run_query_aware(
-    run: RunState, parent: ParentContext, method: EvictionMethod, todo: dict[tuple[str, float], list[int]]
+    run: RunState,
+    parent: ParentContext,
+    method: EvictionMethod,
+    todo: dict[tuple[str, float], list[int]],
+    batch: int,
 ) -> None:
     """The per-question path of a query-aware method: for each question with pending rows (``todo``, as
     :data:`Pending` holds it for ``method``), score once (it sees the question's token ids and answer budget,
-    never its references), then per (allocation, p) fork a child and answer that question alone. ``score_s`` of
-    a row is that question's scoring time."""
+    never its references), then per (allocation, p) fork a child and answer that question alone, up to ``batch``
+    children together. ``score_s`` of a row is that question's scoring time."""
     ctx, rendered = parent.ctx, parent.rendered
     for qi, q in enumerate(ctx.questions):
         settings = [(alloc, p) for (alloc, p), questions in todo.items() if qi in questions]
@@ -710,9 +769,9 @@ def _run_query_aware(
             continue
         run.say(f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
         scored = _score(parent, method, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
-        for alloc, p in settings:
-            run.say(f"{ctx.task} #{ctx.item} {method.name} q={q.qid} [{alloc}] p={p}")
-            _fork_and_answer(run, parent, scored, alloc, p, [qi])
+        units = [Unit(scored, alloc, p, [qi]) for alloc, p in settings]
+        for start in range(0, len(units), batch):
+            _fork_and_answer(run, parent, units[start : start + batch])
 
 
 def _check_budgets(ctx: Context, rendered: Rendered, plan) -> None:
@@ -740,13 +799,10 @@ def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent
         raise KvbenchError(f"method {method.name} returned NaN or infinite scores")
 
 
-def _answer_row(run: RunState, parent: ParentContext, scored: Scored, child: Child, qi: int) -> Row:
-    """Answer question ``qi`` of ``parent``'s context from ``child`` and score it: its result row."""
+def _answer_row(run: RunState, parent: ParentContext, scored: Scored, child: Child, qi: int, ans: Answer) -> Row:
+    """The result row of ``child``'s answer ``ans`` to question ``qi`` of ``parent``'s context, scored."""
     ctx, rendered, method = parent.ctx, parent.rendered, scored.method
     q = ctx.questions[qi]
-    ans = child.session.answer(
-        rendered.question_ids[qi], max_new_tokens=q.max_new_tokens, context_sha256=rendered.sha256
-    )
     scores = {name: run_scorer(name, ans.text, q.references) for name in q.scorers}
     stats = child.session.stats
     return Row.of(
@@ -771,6 +827,7 @@ def _answer_row(run: RunState, parent: ParentContext, scored: Scored, child: Chi
         score_s=scored.seconds,
         fork_s=child.session.fork_seconds,
         answer_s=ans.seconds,
+        answer_batch=ans.batch,
         new_tokens=len(ans.token_ids),
         stopped=ans.stopped,
         random_weights=run.lm.random_weights,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.base import ChildSession
+from kvbench.engines.base import ChildSession, ParentSession
 from kvbench.engines.torch_engine import TorchEngine, TorchParent
 
 
@@ -60,6 +60,9 @@ class MaskingTorchEngine(TorchEngine):
 
 
 class _MaskingParent(TorchParent):
+    # its children hold masks, not compacted layers: they answer one at a time (the engine contract's base)
+    answer_children = ParentSession.answer_children
+
     def fork(self, kept):
         self._check_live()
         self.validate_kept(kept)

@@ -30,6 +30,8 @@ LINE = (
     '"n_context": 40, "prot": 5, "truncated_from": null, "prefill_s": 0.25, "score_s": 0.01, "fork_s": 0.002, '
     '"answer_s": 0.5, "new_tokens": 2, "stopped": true, "random_weights": false, "meta": {"depth": 0.5}'
 )
+#: the line written since batched answering: the same, with the answer's batch size after answer_s
+LINE_BATCH = LINE.replace('"answer_s": 0.5, ', '"answer_s": 0.5, "answer_batch": 1, ')
 
 
 def dumps(row: dict) -> str:
@@ -38,9 +40,9 @@ def dumps(row: dict) -> str:
 
 def test_a_row_writes_the_line_kvbench_always_wrote():
     row = Row.of(RowKey(**KEY), **MEASURED)
-    assert dumps(row.to_dict()) == LINE + "}"
+    assert dumps(row.to_dict()) == LINE_BATCH + "}"
     options = Row.of(RowKey(**KEY), **MEASURED, method_options={"window": 8})  # only non-default options appear
-    assert dumps(options.to_dict()) == LINE + ', "method_options": {"window": 8}}'
+    assert dumps(options.to_dict()) == LINE_BATCH + ', "method_options": {"window": 8}}'
 
 
 def test_identity_is_the_stores_key():
@@ -58,13 +60,14 @@ def test_absent_rules_give_the_stores_key_lists():
     assert identity_fields(Absent.UPGRADE_TO_NULL) == ("artifact_sha256",)
     assert identity_fields(Absent.LEGACY) == ("length", "seed", "context_sha256", "model_fingerprint")
     assert defaults(f.name for f in fields(Row)) == {
-        "source": None, "query_aware": False, "default_allocation": None, "method_options": {}
+        "source": None, "query_aware": False, "default_allocation": None, "answer_batch": 1, "method_options": {}
     }  # fmt: skip
 
 
 def test_from_dict_reads_an_older_line_and_refuses_a_legacy_or_foreign_one():
-    line = json.loads(LINE + "}")
-    assert Row.from_dict(line) == Row.of(RowKey(**KEY), **MEASURED)
+    line = json.loads(LINE + "}")  # written before answer_batch existed: reads as answered alone
+    assert Row.from_dict(line) == Row.of(RowKey(**KEY), **MEASURED) == Row.from_dict(json.loads(LINE_BATCH + "}"))
+    assert Row.from_dict(line).answer_batch == 1
     old = {k: v for k, v in line.items() if k not in ("source", "query_aware", "default_allocation")}
     row = Row.from_dict(old)
     assert (row.source, row.query_aware, row.default_allocation, row.method_options) == (None, False, None, {})

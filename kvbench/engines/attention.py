@@ -41,13 +41,18 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
 
     query ``[1, H, q, D]``; key/value ``[1, H_kv, kv, D]``. When ``module.kvbench_ragged`` holds a
     :class:`RaggedKV` (a child layer whose heads keep different counts), key/value are only the entries
-    fed after the context and each KV head attends to its own kept entries followed by them.
+    fed after the context and each KV head attends to its own kept entries followed by them. When
+    ``module.kvbench_batch`` holds a :class:`~kvbench.engines.batch_kv.BatchKV` (children answering in one
+    batch), key/value ``[B, H_kv, q, D]`` are the ``q`` entries just fed and the batch holds everything else.
     """
     sink = getattr(module, "kvbench_query_sink", None)
     recorder = None
     if sink is not None:
         recorder, f = sink
         recorder.record_queries(f, query)
+    batch = getattr(module, "kvbench_batch", None)
+    if batch is not None:  # several children decoding together (kvbench.engines.batch_kv.BatchKV)
+        return batch.attend(query, key, value, scaling).transpose(1, 2).contiguous(), None
     ragged = getattr(module, "kvbench_ragged", None)
     if ragged is not None:
         return _ragged_sdpa(query, key, value, ragged, scaling).transpose(1, 2).contiguous(), None

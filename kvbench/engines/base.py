@@ -80,13 +80,16 @@ def attention_logsumexp(
 
 @dataclass(frozen=True)
 class Answer:
-    """A greedy answer. ``token_ids`` excludes the stop token; ``seconds`` is wall time."""
+    """A greedy answer. ``token_ids`` excludes the stop token. ``batch``: how many children answered in the one
+    batched decode this answer came from (1: alone); ``seconds``: the wall time of that decode divided by
+    ``batch`` (an answer alone: its own wall time), so the seconds of a batch's answers add up to its wall time."""
 
     token_ids: list[int]
     text: str
     stopped: bool
     seconds: float
     step_logits: torch.Tensor | None = None  # [steps, vocab] float32, only when asked for
+    batch: int = 1
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,10 @@ class EngineBase:
     tokenizer: object
     max_context: int
     _sessions: dict
+    #: whether :meth:`ParentSession.answer_children` answers several children in one batched decode here
+    batches_children: bool = False
+    #: why not, in a few words (``kvbench run --answer-batch N`` with N > 1 names it in its error)
+    batches_children_why: str = "this engine has no batched decode"
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
@@ -256,7 +263,12 @@ class EngineBase:
 
 
 class ParentSession(Session):
-    """The unpruned prefilled context, read by methods and forked by the runner."""
+    """The unpruned prefilled context, read by methods and forked by the runner.
+
+    ``max_live_children``: how many children may be live at once (None: as many as memory holds); an engine that
+    answers several children in one batched decode (:meth:`answer_children`) allows more than one."""
+
+    max_live_children: int | None = 1
 
     token_ids: list[int]
     sha256: str
@@ -366,11 +378,49 @@ class ParentSession(Session):
                 if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
                     raise KvbenchError(f"kept[{f}][{h}] must be sorted and free of duplicates")
 
+    def live_children(self) -> list[ChildSession]:
+        """This parent's children that are not released yet, oldest first."""
+        return [c for c in getattr(self, "_children", []) if not c.released]
+
+    def _check_can_fork(self) -> None:
+        """Raise when this parent already has ``max_live_children`` live children."""
+        live = self.live_children()
+        if self.max_live_children is not None and len(live) >= self.max_live_children:
+            ids = ", ".join(c.session_id for c in live)
+            raise ProtocolError(
+                f"parent {self.session_id} already has {len(live)} live child(ren) ({ids}), the most this engine holds "
+                f"at once ({self.max_live_children}); release one before forking"
+            )
+
     def _adopt(self, child: ChildSession) -> ChildSession:
-        """Make ``child`` this parent's live child and register it with the engine (``self.engine``)."""
+        """Make ``child`` one of this parent's live children and register it with the engine (``self.engine``)."""
+        self._children = self.live_children() + [child]
         self._child = child
         self.engine._sessions[child.session_id] = child
         return child
+
+    def answer_children(
+        self,
+        children: Sequence[ChildSession],
+        question_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        context_sha256: str,
+        stop_ids: Sequence[int] | None = None,
+    ) -> list[Answer]:
+        """The answers of ``children`` (live children of this parent) to one question, in their order, each what
+        ``child.answer`` returns. This base implementation answers them one at a time; an engine with a batched
+        decode overrides it (one forward per decoding step for all of them, the same tokens)."""
+        return [
+            child.answer(question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids)
+            for child in children
+        ]
+
+    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int) -> int:
+        """How many children :meth:`answer_children` should take at once for a question of ``question_tokens``
+        tokens and an answer of up to ``max_new_tokens`` (an estimate of what fits in memory; at most
+        ``max_live_children``). The base: one."""
+        return 1
 
     @abstractmethod
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> ChildSession:

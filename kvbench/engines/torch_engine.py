@@ -10,6 +10,11 @@
   question starts from the same state.
 * Decoding is the harness's own greedy loop with explicit position ids continuing from the original
   context length (``generate()`` would take positions from the pruned cache length).
+* A parent may hold several live children, and :meth:`TorchParent.answer_children` answers one question from
+  all of them in one batched greedy loop (one forward per decoding step): each child's attention entries sit in
+  a :class:`~kvbench.engines.batch_kv.BatchKV` (per layer, buckets of similar kept counts, padding masked), the
+  GDN / convolution states are the parent's snapshot repeated per row, and a child whose answer ends leaves
+  the batch. One child alone takes the one-at-a-time path.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from kvbench.engines.attention import ATTN_IMPL, RaggedKV, register_attention
 from kvbench.engines.base import (
@@ -32,13 +38,43 @@ from kvbench.engines.base import (
     check_context_sha,
     is_real_fork,
 )
+from kvbench.engines.batch_kv import BatchKV
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import fingerprint as model_fingerprint
 
+#: The share of the memory free when a batch starts that :meth:`TorchParent.answer_batch_limit` plans to use.
+BATCH_MEMORY_SHARE = 0.25
+
 
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Bytes free for new tensors on ``device``: CUDA's free memory, else the host's ``MemAvailable``."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30  # no /proc/meminfo (not Linux): assume 4 GiB
+
+
+def _head_entries(layer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A child layer's kept ``(keys [K_h, D], values [K_h, D])`` per KV head (dense or :class:`RaggedKV`)."""
+    if isinstance(layer, RaggedKV):
+        return [(layer.head_keys(h), layer.head_values(h)) for h in range(len(layer.counts))]
+    keys, values = layer
+    return [(keys[0, h], values[0, h]) for h in range(keys.shape[1])]
+
+
+def _kept_total(layers) -> int:
+    return sum(len(k) for layer in layers for k, _ in _head_entries(layer))
 
 
 class TorchEngine(EngineBase):
@@ -48,6 +84,7 @@ class TorchEngine(EngineBase):
     """
 
     name = "torch"
+    batches_children = True
 
     def __init__(
         self,
@@ -128,6 +165,36 @@ class TorchEngine(EngineBase):
         finally:
             for module in self.adapter.attn:
                 module.kvbench_ragged = None
+
+    @contextmanager
+    def _batched_layers(self, batch: Sequence[BatchKV]) -> Iterator[None]:
+        """Point every attention module at its layer's :class:`BatchKV` for a batched answer."""
+        for module, kv in zip(self.adapter.attn, batch, strict=True):
+            module.kvbench_batch = kv
+        try:
+            yield
+        finally:
+            for module in self.adapter.attn:
+                module.kvbench_batch = None
+
+    @staticmethod
+    def _batch_cache(parent: TorchParent, rows: int):
+        """A fresh cache for ``rows`` children answering together: attention layers pass what is fed through to
+        the batch's :class:`BatchKV` (which stores it), GDN layers hold ``rows`` copies of the parent's
+        end-of-context conv and recurrent states (batch dimension first)."""
+        cache = copy.copy(parent.cache)
+        cache.layers = list(parent.cache.layers)
+        for layer_idx in parent.attn_layer_ids:
+            cache.layers[layer_idx] = _FedEntriesLayer()
+        repeat = torch.zeros(rows, dtype=torch.long)
+        for layer_idx in parent.gdn_layer_ids:
+            layer = copy.copy(parent.cache.layers[layer_idx])
+            for name, value in vars(layer).items():  # per-state dicts: the copy's own, the parent's stay as they are
+                if isinstance(value, dict):
+                    setattr(layer, name, dict(value))
+            layer.reorder_cache(repeat)  # index_select: new tensors, row 0 repeated
+            cache.layers[layer_idx] = layer
+        return cache
 
     @staticmethod
     def _working_cache(parent: TorchParent, attn_kv: Sequence):
@@ -220,6 +287,74 @@ class TorchEngine(EngineBase):
 
             return self.greedy(out.logits[0, -1], step, max_new_tokens, stops, return_logits, start)
 
+    @torch.no_grad()
+    def _answer_batch(
+        self,
+        parent: TorchParent,
+        children_kv: Sequence[Sequence],
+        question_ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int] | None,
+    ) -> list[Answer]:
+        """The greedy answers of several children (``children_kv[i]``: child ``i``'s layers) to one question, in
+        one batched loop: the same stopping rule as :meth:`EngineBase.greedy`, row by row; a row whose answer
+        ended leaves the batch. Rows are ordered widest child first, so buckets group similar kept counts."""
+        if len(question_ids) == 0:
+            raise KvbenchError("empty question: nothing to feed after the context")
+        self._check_attention()
+        stops = set(self.stop_ids if stop_ids is None else stop_ids)
+        size, T, device = len(children_kv), len(question_ids), self.device
+        start = time.perf_counter()
+        rows = sorted(range(size), key=lambda i: -_kept_total(children_kv[i]))  # batch row -> child
+        batch = [
+            BatchKV([_head_entries(children_kv[i][f]) for i in rows], extra=T + max_new_tokens)
+            for f in range(parent.n_attn_layers)
+        ]
+        cache = self._batch_cache(parent, size)
+        generated: list[list[int]] = [[] for _ in range(size)]
+        stopped = [False] * size
+
+        def forward(ids: torch.Tensor, pos: int) -> torch.Tensor:  # ids [rows, t] -> next-token logits [rows, vocab]
+            positions = torch.arange(pos, pos + ids.shape[1], device=device)[None].expand(ids.shape[0], -1)
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=positions)
+            return out.logits[:, -1]
+
+        with self._batched_layers(batch):
+            logits = forward(torch.tensor([list(question_ids)] * size, device=device), parent.n)
+            for i in range(max_new_tokens):
+                tokens = logits.argmax(-1).tolist()
+                live = []
+                for r, token in enumerate(tokens):
+                    if token in stops:
+                        stopped[rows[r]] = True
+                        continue
+                    generated[rows[r]].append(token)
+                    if i < max_new_tokens - 1:
+                        live.append(r)
+                if not live:
+                    break
+                if len(live) < len(rows):  # finished children leave the batch
+                    keep = torch.tensor(live, device=device)
+                    for kv in batch:
+                        kv.select(keep)
+                    for layer_idx in parent.gdn_layer_ids:
+                        cache.layers[layer_idx].reorder_cache(keep)
+                    rows, tokens = [rows[r] for r in live], [tokens[r] for r in live]
+                logits = forward(torch.tensor(tokens, device=device)[:, None], parent.n + T + i)
+        seconds = (time.perf_counter() - start) / size
+        return [
+            Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size)
+            for ids, stop in zip(generated, stopped, strict=True)
+        ]
+
+
+class _FedEntriesLayer(DynamicLayer):
+    """An attention layer's cache during a batched answer: it stores nothing and returns the entries just fed;
+    the layer's :class:`BatchKV` keeps the kept entries and everything fed after the context."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return key_states, value_states
+
 
 class _QuerySink:
     """Receives every query an attention layer computes and the log-sum-exp of its attention logits
@@ -239,7 +374,10 @@ class _QuerySink:
 
 
 class TorchParent(ParentSession):
-    """Unpruned parent: full attention K/V, GDN end-of-context snapshot, signals and gate statistics."""
+    """Unpruned parent: full attention K/V, GDN end-of-context snapshot, signals and gate statistics. It may
+    hold several live children (as many as memory holds) and answer them together (:meth:`answer_children`)."""
+
+    max_live_children = None
 
     def __init__(self, engine: TorchEngine, session_id, token_ids, prot, cache, captured, query_window, seconds):
         super().__init__(session_id)
@@ -250,7 +388,7 @@ class TorchParent(ParentSession):
         self._gate = captured["gate"]
         self._queries = captured["queries"]
         self._query_start = self.n - min(query_window, self.n)
-        self._child: TorchChild | None = None
+        self._children: list[TorchChild] = []
 
     def keys(self, f: int) -> torch.Tensor:
         self._check_live()
@@ -289,10 +427,7 @@ class TorchParent(ParentSession):
     @torch.no_grad()
     def fork(self, kept: Sequence[Sequence[torch.Tensor]]) -> TorchChild:
         self._check_live()
-        if self._child is not None and not self._child.released:
-            raise ProtocolError(
-                f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
-            )
+        self._check_can_fork()
         self.validate_kept(kept)
         start = time.perf_counter()
         layers = [self._compact(heads, k, v) for heads, (k, v) in zip(kept, self._full_kv(), strict=True)]
@@ -327,11 +462,45 @@ class TorchParent(ParentSession):
             real_fork=is_real_fork(child, parent, kept_entries * entry_bytes),
         )
 
+    def answer_children(self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None) -> list[Answer]:
+        """One question answered by every child of ``children`` in one batched greedy loop (one child alone: the
+        one-at-a-time path, :meth:`TorchChild.answer`). The tokens equal each child's own answer's up to float
+        rounding of the batched kernels (the tests hold them token-identical in float32)."""
+        self._check_live()
+        check_context_sha(self.sha256, context_sha256)
+        for child in children:
+            if getattr(child, "parent", None) is not self:
+                name = getattr(child, "session_id", child)
+                raise ProtocolError(f"session {name} is not a child of parent {self.session_id}")
+            child._check_live()
+            if not isinstance(child, TorchChild):
+                raise ProtocolError(f"child {child.session_id} holds no compacted layers to batch (not a TorchChild)")
+        if len(children) == 1:
+            alone = children[0].answer(
+                question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids
+            )
+            return [alone]
+        return self.engine._answer_batch(self, [c.layers for c in children], question_ids, max_new_tokens, stop_ids)
+
+    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int) -> int:
+        """How many children fit at once in :data:`BATCH_MEMORY_SHARE` of the memory free now, each counted at its
+        worst: a full-cache child's storage plus its padded rows in the batch, and its GDN states."""
+        self._check_live()
+        full = self._full_kv()
+        per_entry = sum(2 * k.shape[1] * k.shape[-1] * k.element_size() for k, _ in full)  # one position, all layers
+        gdn = 0
+        for layer_idx in self.gdn_layer_ids:
+            layer = self.cache.layers[layer_idx]
+            for states in (layer.conv_states, layer.recurrent_states):
+                gdn += sum(t.numel() * t.element_size() for t in states.values() if t is not None)
+        per_child = per_entry * (2 * self.n + question_tokens + max_new_tokens) + gdn
+        return max(1, int(BATCH_MEMORY_SHARE * free_memory_bytes(self.engine.device)) // per_child)
+
     def release(self) -> None:
         if self._released:
             return
-        if self._child is not None:
-            self._child.release()
+        for child in self.live_children():
+            child.release()
         self._released = True
         self.cache = None
         self._signals = self._gate = self._queries = None

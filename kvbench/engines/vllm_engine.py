@@ -31,7 +31,8 @@ going through vLLM's request scheduler, which knows only whole prompts:
   parent's end-of-context slot into a working slot, so every question starts from the same state. The
   blocks for question and answer tokens are taken for the answer and returned after it.
 
-Limits (errors, never silent): one live child per parent; CPU, bfloat16, tensor parallel 1.
+Limits (errors, never silent): one live child per parent, so children answer one at a time (``--answer-batch``
+above 1 is refused); CPU, bfloat16, tensor parallel 1.
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ class VllmEngine(EngineBase):
     """
 
     name = "vllm"
+    batches_children_why = (
+        "kvbench drives vLLM's model one sequence at a time with per-layer and per-head page tables of its own; "
+        "a batched decode of several children is not built for it (docs/engines.md)"
+    )
 
     def __init__(
         self,

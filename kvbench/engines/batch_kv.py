@@ -1,0 +1,165 @@
+"""One attention layer's kept entries for several children decoding together (batched answering).
+
+Every child of a context keeps its own entries per KV head (different counts across children, heads and
+layers). For a batched decode the children of one layer are grouped into *buckets* of rows with similar kept
+counts; each bucket is one preallocated buffer ``keys[b, H_kv, K_b + extra, D]`` holding every row's kept entries
+left-aligned in ``0 .. counts[r, h] - 1`` (the rest of ``0 .. K_b - 1`` is padding, masked), followed by the
+``extra`` entries fed after the context (question and answer tokens, written in place as they come). A bucket is
+attended with one SDPA call; buckets bound the padding a batch of very different sizes would otherwise carry
+(a p = 0.1 child padded to a full-cache child's length reads 10x its own entries).
+
+The query heads that share a KV head are folded into the query-length dimension (``[b, H, q, D] -> [b, H_kv,
+n_rep * q, D]``), so SDPA reads each KV head once instead of once per query head.
+
+Used by :mod:`kvbench.engines.torch_engine` through ``module.kvbench_batch`` (:func:`kvbench_sdpa` calls
+:meth:`BatchKV.attend`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+#: A row starts a new bucket when its widest head keeps fewer than this fraction of the bucket's widest row.
+BUCKET_RATIO = 0.75
+
+
+@dataclass
+class _Bucket:
+    """Rows ``start .. stop - 1`` of the batch: ``keys`` / ``values`` ``[b, H_kv, width + extra, D]``, ``counts``
+    ``[b, H_kv]`` kept entries per row and head, ``width`` the padded kept length, ``filled`` entries written
+    after it."""
+
+    start: int
+    stop: int
+    keys: torch.Tensor
+    values: torch.Tensor
+    counts: torch.Tensor
+    width: int
+    filled: int = 0
+
+    @property
+    def padded(self) -> bool:
+        return bool((self.counts < self.width).any())
+
+    def kept_mask(self) -> torch.Tensor:
+        """``[b, H_kv, 1, width]``: True where a row's head holds a kept entry."""
+        cols = torch.arange(self.width, device=self.counts.device)
+        return (cols < self.counts[..., None])[:, :, None, :]
+
+
+def bucket_bounds(widths: Sequence[int], ratio: float = BUCKET_RATIO) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``(start, stop)`` over rows of kept widths ``widths`` (in batch order): a row joins
+    the open bucket unless its width is below ``ratio`` times the bucket's widest row (or above its narrowest
+    divided by ``ratio``), then it opens the next one."""
+    bounds: list[tuple[int, int]] = []
+    start, hi, lo = 0, None, None
+    for r, w in enumerate(widths):
+        if hi is not None and (w < ratio * hi or w * ratio > lo):
+            bounds.append((start, r))
+            start, hi, lo = r, None, None
+        hi = w if hi is None else max(hi, w)
+        lo = w if lo is None else min(lo, w)
+    if len(widths):
+        bounds.append((start, len(widths)))
+    return bounds
+
+
+class BatchKV:
+    """The kept entries of ``B`` children in one attention layer, bucketed (see the module docstring).
+
+    rows: per child (batch row), per KV head, ``(keys [K_rh, D], values [K_rh, D])`` of its kept entries in
+    position order. extra: how many entries each row will be fed after the context (question + answer tokens).
+    """
+
+    def __init__(self, rows: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], extra: int) -> None:
+        if not rows:
+            raise ValueError("a batch needs at least one child")
+        self.n_kv_heads = len(rows[0])
+        first = rows[0][0][0]
+        self.head_dim, self.dtype, self.device = first.shape[-1], first.dtype, first.device
+        self.extra = extra
+        counts = torch.tensor([[len(k) for k, _ in heads] for heads in rows], dtype=torch.long)
+        self.buckets = [
+            self._bucket(rows[a:b], counts[a:b], a, b) for a, b in bucket_bounds(counts.max(1).values.tolist())
+        ]
+
+    def _bucket(self, rows, counts: torch.Tensor, start: int, stop: int) -> _Bucket:
+        width = int(counts.max())
+        shape = (stop - start, self.n_kv_heads, width + self.extra, self.head_dim)
+        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for r, heads in enumerate(rows):
+            for h, (k, v) in enumerate(heads):
+                keys[r, h, : len(k)] = k
+                values[r, h, : len(v)] = v
+        return _Bucket(start, stop, keys, values, counts.to(self.device), width)
+
+    @property
+    def size(self) -> int:
+        """Rows (children) in the batch."""
+        return self.buckets[-1].stop if self.buckets else 0
+
+    def nbytes(self) -> int:
+        """Bytes of the bucket buffers (keys and values, padding included)."""
+        return sum(2 * b.keys.numel() * b.keys.element_size() for b in self.buckets)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """Write the ``q`` new entries ``key`` / ``value`` ``[B, H_kv, q, D]`` after each row's kept ones and attend
+        ``query`` ``[B, H, q, D]`` (the last ``q`` positions, bottom-right causal over the new entries) to them.
+        Returns ``[B, H, q, D]``."""
+        B, H, q, D = query.shape
+        if B != self.size:
+            raise ValueError(f"query batch {B} != the {self.size} rows of the layer's batch")
+        n_rep = H // self.n_kv_heads
+        out = []
+        for bk in self.buckets:
+            rows = slice(bk.start, bk.stop)
+            b = bk.stop - bk.start
+            if bk.filled + q > self.extra:
+                raise ValueError(f"fed {bk.filled + q} entries after the context; the batch has room for {self.extra}")
+            at = bk.width + bk.filled
+            bk.keys[:, :, at : at + q] = key[rows]
+            bk.values[:, :, at : at + q] = value[rows]
+            bk.filled += q
+            length = bk.width + bk.filled
+            folded = query[rows].reshape(b, self.n_kv_heads, n_rep * q, D)  # query heads of one KV head as rows
+            mask = self._mask(bk, q, n_rep)
+            o = F.scaled_dot_product_attention(
+                folded, bk.keys[:, :, :length], bk.values[:, :, :length], attn_mask=mask, scale=scale
+            )
+            out.append(o.reshape(b, H, q, D))
+        return torch.cat(out, 0) if len(out) > 1 else out[0]
+
+    @staticmethod
+    def _mask(bk: _Bucket, q: int, n_rep: int) -> torch.Tensor | None:
+        """SDPA's bool mask for ``q`` new queries (folded: ``n_rep * q`` rows per KV head), or None when every
+        entry is visible to every row (no padding and one query)."""
+        device = bk.counts.device
+        if q == 1 and not bk.padded:
+            return None
+        b, h_kv = bk.counts.shape
+        rows = 1 if q == 1 else n_rep * q  # one query: one mask row, broadcast over the folded query heads
+        new = torch.ones(q, bk.filled, dtype=torch.bool, device=device).tril(bk.filled - q)  # [q, filled]
+        new = new.repeat(rows // q, 1)  # folded rows: query head r * q + i is new query i
+        kept = bk.kept_mask().expand(b, h_kv, rows, bk.width)
+        return torch.cat([kept, new.expand(b, h_kv, rows, bk.filled)], -1)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (ascending indices into the current rows); the others leave the batch."""
+        keep = keep.tolist()
+        buckets, at = [], 0
+        for bk in self.buckets:
+            local = [r - bk.start for r in keep if bk.start <= r < bk.stop]
+            if not local:
+                continue
+            idx = torch.tensor(local, device=bk.keys.device)
+            if len(local) < bk.stop - bk.start:
+                bk.keys, bk.values, bk.counts = bk.keys[idx], bk.values[idx], bk.counts[idx]
+            bk.start, bk.stop = at, at + len(local)
+            at = bk.stop
+            buckets.append(bk)
+        self.buckets = buckets

@@ -1,0 +1,271 @@
+"""Batched answering (issue 32): several children of one parent answer a question in one batched greedy decode.
+
+References: each child answering alone (``child.answer``, the paper's one-at-a-time protocol, itself checked
+against stock transformers in tests/test_conformance.py) and, for the bucketed attention store, an explicit
+per-row, per-head softmax.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvbench import budgets, runner
+from kvbench.engines.batch_kv import BatchKV, bucket_bounds
+from kvbench.engines.torch_engine import TorchEngine
+from kvbench.errors import KvbenchError, ProtocolError
+from kvbench.models import load_model
+from kvbench.runner import RunConfig
+from tests.conftest import tiny_model
+
+N_CTX = 300
+Q_IDS = [17, 23, 5, 99, 42, 7, 31]
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), generator=g).tolist()
+
+
+def _random_kept(parent, counts_per_layer, seed: int) -> list[list[torch.Tensor]]:
+    """``counts_per_layer[f][h]`` random sorted context positions per layer ordinal and KV head."""
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randperm(parent.n, generator=g)[:c].sort().values for c in heads] for heads in counts_per_layer]
+
+
+def _children(parent) -> list:
+    """Children of every storage kind: keep-all, one count for all layers (flat), counts differing per layer
+    (pyramid / gate), per KV head (global: ragged), a tiny budget, and the same kept sets twice."""
+    L, H = parent.n_attn_layers, parent.n_kv_heads
+    n = parent.n
+    shapes = [
+        None,  # keep everything
+        [[150] * H] * L,
+        [[200 - 60 * f] * H for f in range(L)],
+        [[40 + 100 * h for h in range(H)] for _ in range(L)],
+        [[3 + h + f for h in range(H)] for f in range(L)],
+        [[n - 1] * H] * L,
+    ]
+    kept = [budgets.keep_all(n, L, H) if s is None else _random_kept(parent, s, seed=i) for i, s in enumerate(shapes)]
+    kept.append(kept[3])
+    return [parent.fork(k) for k in kept]
+
+
+@pytest.mark.parametrize("stop_mode", ["none", "early"])
+def test_batched_answers_equal_one_at_a_time(family, stop_mode):
+    """float32: every child's batched answer is token for token its answer alone, whatever its storage, also
+    when children stop at different steps (stop ids taken from the serial answers, so some end early)."""
+    engine = TorchEngine(tiny_model(family))
+    parent = engine.prefill(_ids(N_CTX, seed=7), prot=4)
+    children = _children(parent)
+    stops: tuple[int, ...] = ()
+    if stop_mode == "early":
+        alone = [c.answer(Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=()) for c in children]
+        stops = tuple({a.token_ids[2 + i % 5] for i, a in enumerate(alone[:3])})
+    serial = [c.answer(Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=stops) for c in children]
+    batched = parent.answer_children(children, Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=stops)
+    assert [a.token_ids for a in batched] == [a.token_ids for a in serial]
+    assert [a.stopped for a in batched] == [a.stopped for a in serial]
+    if stop_mode == "early":
+        lengths = {len(a.token_ids) for a in serial}
+        assert len(lengths) > 1 and any(a.stopped for a in serial)  # the batch really shrank mid-decode
+    assert all(a.batch == len(children) for a in batched)
+    assert len({a.seconds for a in batched}) == 1  # one batch: its wall time shared equally
+    assert all(a.batch == 1 for a in serial)
+
+
+def test_one_child_takes_the_one_at_a_time_path():
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent = engine.prefill(_ids(N_CTX), prot=0)
+    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    (got,) = parent.answer_children([child], Q_IDS, max_new_tokens=5, context_sha256=parent.sha256)
+    want = child.answer(Q_IDS, max_new_tokens=5, context_sha256=parent.sha256)
+    assert got.batch == 1 and got.token_ids == want.token_ids
+
+
+def test_batched_answer_leaves_parent_and_children_unchanged():
+    """The batch works on copies: answering twice gives the same tokens, and a child alone afterwards too."""
+    engine = TorchEngine(tiny_model("qwen3_5"))
+    parent = engine.prefill(_ids(N_CTX, seed=3), prot=2)
+    children = _children(parent)[:4]
+    first = parent.answer_children(children, Q_IDS, max_new_tokens=6, context_sha256=parent.sha256)
+    again = parent.answer_children(children, Q_IDS, max_new_tokens=6, context_sha256=parent.sha256)
+    alone = children[2].answer(Q_IDS, max_new_tokens=6, context_sha256=parent.sha256)
+    assert [a.token_ids for a in first] == [a.token_ids for a in again]
+    assert alone.token_ids == first[2].token_ids
+
+
+def test_several_live_children_and_their_misuse():
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent, other = engine.prefill(_ids(80), prot=2), engine.prefill(_ids(80, seed=1), prot=2)
+    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    a, b = parent.fork(kept), parent.fork(kept)
+    assert parent.live_children() == [a, b]
+    stranger = other.fork(kept)
+    with pytest.raises(ProtocolError, match="not a child of parent"):
+        parent.answer_children([a, stranger], Q_IDS, max_new_tokens=2, context_sha256=parent.sha256)
+    with pytest.raises(ProtocolError, match="hash mismatch"):
+        parent.answer_children([a, b], Q_IDS, max_new_tokens=2, context_sha256=other.sha256)
+    b.release()
+    with pytest.raises(ProtocolError, match="released"):
+        parent.answer_children([a, b], Q_IDS, max_new_tokens=2, context_sha256=parent.sha256)
+    parent.max_live_children = 1  # an engine holding one child at a time (the vLLM engine) refuses a second
+    with pytest.raises(ProtocolError, match="live child"):
+        parent.fork(kept)
+    parent.release()
+    assert a.released  # releasing the parent releases every live child
+
+
+def test_answer_batch_limit_counts_worst_case_memory(monkeypatch):
+    """A quarter of the free memory over a worst-case child (full storage + full padded rows + GDN states)."""
+    from kvbench.engines import torch_engine
+
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent = engine.prefill(_ids(N_CTX), prot=0)
+    per_position = sum(2 * k.numel() // parent.n * k.element_size() for k in map(parent.keys, range(3)))
+    gdn = sum(
+        t.numel() * t.element_size()
+        for i in parent.gdn_layer_ids
+        for states in (parent.cache.layers[i].conv_states, parent.cache.layers[i].recurrent_states)
+        for t in states.values()
+    )
+    per_child = per_position * (2 * parent.n + 20 + 32) + gdn
+    monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 4 * per_child * 10 + 3)
+    assert parent.answer_batch_limit(20, 32) == 10
+    monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 5)
+    assert parent.answer_batch_limit(20, 32) == 1
+
+
+# --- the bucketed attention store --------------------------------------------------------------------------
+
+
+def test_bucket_bounds_hand_worked():
+    # widths in batch order; a row opens a bucket when below 0.75 x the bucket's widest (or far above its narrowest)
+    assert bucket_bounds([100, 90, 80, 70, 50, 40, 10]) == [(0, 3), (3, 4), (4, 6), (6, 7)]
+    assert bucket_bounds([10, 100]) == [(0, 1), (1, 2)]
+    assert bucket_bounds([5]) == [(0, 1)]
+    assert bucket_bounds([]) == []
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_batch_kv_against_explicit_softmax(q_len):
+    """Every row and query head attends to its own KV head's kept entries, then the entries fed after the context
+    (bottom-right causal), whatever the bucket padding; a second feed appends; rows leaving keep the others."""
+    torch.manual_seed(0)
+    H, H_kv, D = 4, 2, 8
+    counts = [[30, 12], [29, 0], [9, 10], [2, 1]]  # four rows, per KV head; one head keeps nothing
+    rows = [[(torch.randn(c, D), torch.randn(c, D)) for c in heads] for heads in counts]
+    batch = BatchKV(rows, extra=q_len + 2)
+    assert len(batch.buckets) > 1  # padding is bounded: the rows do not all share one width
+    fed: list[list[tuple[list, list]]] = [[([], []) for _ in range(H_kv)] for _ in rows]
+
+    def feed_and_check(live: list[int], q: int) -> None:
+        query = torch.randn(len(live), H, q, D)
+        key, value = torch.randn(len(live), H_kv, q, D), torch.randn(len(live), H_kv, q, D)
+        out = batch.attend(query, key, value, scale=D**-0.5)
+        for r, row in enumerate(live):
+            for h in range(H_kv):
+                fed[row][h][0].extend(key[r, h])
+                fed[row][h][1].extend(value[r, h])
+            for head in range(H):
+                kvh = head // (H // H_kv)
+                keys = torch.cat([rows[row][kvh][0], torch.stack(fed[row][kvh][0])])
+                values = torch.cat([rows[row][kvh][1], torch.stack(fed[row][kvh][1])])
+                for t in range(q):
+                    visible = len(keys) - q + t + 1
+                    w = torch.softmax(keys[:visible] @ query[r, head, t] * D**-0.5, 0)
+                    torch.testing.assert_close(out[r, head, t], w @ values[:visible], atol=1e-5, rtol=1e-5)
+
+    feed_and_check([0, 1, 2, 3], q_len)
+    feed_and_check([0, 1, 2, 3], 1)
+    batch.select(torch.tensor([1, 3]))
+    assert batch.size == 2
+    feed_and_check([1, 3], 1)
+    with pytest.raises(ValueError, match="room"):
+        batch.attend(torch.randn(2, H, 1, D), torch.randn(2, H_kv, 1, D), torch.randn(2, H_kv, 1, D), None)
+
+
+# --- the runner ---------------------------------------------------------------------------------------------
+
+
+def _rows(out) -> dict:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["method"], r["allocation"], r["p"], r["item"], r["question"]): r for r in rows}
+
+
+def test_runner_batched_rows_equal_one_at_a_time_and_resume_each_other(tmp_path):
+    """Every method kind (query-agnostic, ragged global allocation, query-aware oracle, keep-all; the slow test
+    in tests/test_batched_models.py runs every built-in method on the shipped models): the rows of
+    --answer-batch 1 and of the default batch hold the same predictions and scores; each row records its batch;
+    a batched rerun into the one-at-a-time directory finds every row done (the identity ignores the batch)."""
+    lm = load_model("tiny-random")
+    base = dict(
+        methods=["full", "random", "kvzip", "oracle"],
+        bench="needle",
+        ps=[0.5, 0.1],
+        model="tiny-random",
+        limit=1,
+        length=640,
+    )
+    one, many = tmp_path / "one", tmp_path / "many"
+    runner.run(RunConfig(**base, out=one, answer_batch=1), lm=lm)
+    summary = runner.run(RunConfig(**base, out=many), lm=lm)
+    serial, batched = _rows(one), _rows(many)
+    assert serial.keys() == batched.keys() and summary.rows_written == len(serial)
+    for key, row in serial.items():
+        assert (batched[key]["prediction"], batched[key]["score"]) == (row["prediction"], row["score"]), key
+    assert {r["answer_batch"] for r in serial.values()} == {1}
+    sizes = {r["method"]: r["answer_batch"] for r in batched.values()}
+    assert sizes["kvzip"] == 1 + 2 + 2  # full, random x2, kvzip x2 of one context together
+    assert sizes["oracle"] == 2  # a query-aware method forks per question: its two p answer together
+    again = runner.run(RunConfig(**base, out=one, answer_batch=3), lm=lm)
+    assert again.rows_written == 0 and again.rows_skipped == len(serial)
+
+
+def test_runner_answer_batch_two_and_bad_values(tmp_path, monkeypatch):
+    lm = load_model("tiny-random")
+    base = dict(methods=["random"], bench="needle", ps=[0.5, 0.3, 0.1], model="tiny-random", limit=1, length=640)
+    runner.run(RunConfig(**base, out=tmp_path / "two", answer_batch=2), lm=lm)
+    assert sorted(r["answer_batch"] for r in _rows(tmp_path / "two").values()) == [1, 2, 2]
+    with pytest.raises(KvbenchError, match="--answer-batch 0: need at least 1"):
+        runner.run(RunConfig(**base, out=tmp_path / "zero", answer_batch=0), lm=lm)
+    monkeypatch.setattr(TorchEngine, "batches_children", False)  # an engine without a batched decode (vLLM)
+    with pytest.raises(KvbenchError, match="answers one child at a time"):
+        runner.run(RunConfig(**base, out=tmp_path / "refused", answer_batch=2), lm=lm)
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+
+
+# --- the shipped models ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tiny-trained", "tiny-trained-dense"])
+def test_shipped_models_batched_equals_one_at_a_time(model):
+    """float32, a real RULER item at the model's length: children of every allocation (flat, pyramid, gate,
+    global's ragged heads) and of every kind of scorer answer the same tokens batched as alone."""
+    from kvbench.methods import get_method
+    from kvbench.models import cache_dir
+    from kvbench.prompt import prompt_length, render
+    from kvbench.tasks import get_bench
+
+    lm = load_model(model)
+    engine = TorchEngine(lm.model, lm.tokenizer)
+    bench = get_bench("ruler")
+    bench.cache_dir = cache_dir() / bench.name
+    items = bench.contexts(
+        "niah_single_1", length=lm.context_length, limit=1, seed=3, prompt_length=prompt_length(lm.tokenizer)
+    )
+    rendered = render(lm.tokenizer, next(iter(items)), max_length=engine.max_context)
+    parent = engine.prefill(rendered.context_ids, rendered.prot)
+    settings = [("snapkv", "flat"), ("keydiff", "pyramid"), ("gatesight", "gate"), ("kvzip", "global")]
+    children = [parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))]
+    for name, allocation in settings:
+        method = get_method(name, 0)
+        scores = method.score(parent)
+        children += [parent.fork(method.select(parent, scores, p, allocation)) for p in (0.5, 0.1)]
+    question = rendered.question_ids[0]
+    kw = {"max_new_tokens": 24, "context_sha256": parent.sha256}
+    serial = [c.answer(question, **kw).token_ids for c in children]
+    batched = parent.answer_children(children, question, **kw)
+    assert [a.token_ids for a in batched] == serial
