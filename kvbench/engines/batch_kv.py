@@ -90,12 +90,14 @@ class BatchKV:
     def _bucket(self, rows, counts: torch.Tensor, start: int, stop: int) -> _Bucket:
         width = int(counts.max())
         shape = (stop - start, self.n_kv_heads, width + self.extra, self.head_dim)
-        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+        values = torch.empty(shape, dtype=self.dtype, device=self.device)
         for r, heads in enumerate(rows):
             for h, (k, v) in enumerate(heads):
                 keys[r, h, : len(k)] = k
                 values[r, h, : len(v)] = v
+                keys[r, h, len(k) : width] = 0  # padding: masked, but finite (0 x NaN would leak into the output)
+                values[r, h, len(v) : width] = 0
         return _Bucket(start, stop, keys, values, counts.to(self.device), width)
 
     @property
@@ -125,6 +127,9 @@ class BatchKV:
             bk.keys[:, :, at : at + q] = key[rows]
             bk.values[:, :, at : at + q] = value[rows]
             bk.filled += q
+            if q > 1 and query.device.type == "cpu" and at > 0:
+                out.append(self._attend_block(bk, query[rows], at, scale))
+                continue
             length = bk.width + bk.filled
             folded = query[rows].reshape(b, self.n_kv_heads, n_rep * q, D)  # query heads of one KV head as rows
             mask = self._mask(bk, q, n_rep)
@@ -133,6 +138,37 @@ class BatchKV:
             )
             out.append(o.reshape(b, H, q, D))
         return torch.cat(out, 0) if len(out) > 1 else out[0]
+
+    def _attend_block(self, bk: _Bucket, query: torch.Tensor, before: int, scale: float | None) -> torch.Tensor:
+        """A block of ``q > 1`` new queries on CPU, without a ``[q, L]`` mask: SDPA's flash kernel (which returns the
+        log-sum-exp) once over the ``before`` entries every query sees (kept, padding masked per row and head, and
+        earlier fed ones; the query heads of a KV head folded into rows) and once over the block's own entries
+        (square causal), merged by their log-sum-exps in float32: the attention over both, up to float rounding.
+        query ``[b, H, q, D]``; returns ``[b, H, q, D]``."""
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        b, H, q, D = query.shape
+        n_rep = H // self.n_kv_heads
+        mask = None
+        if bk.padded:
+            cols = torch.arange(before, device=query.device)
+            hidden = (cols < bk.width) & (cols >= bk.counts[..., None])  # [b, H_kv, before]: padding
+            mask = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
+            mask = mask[:, :, None, :]
+        folded = query.reshape(b, self.n_kv_heads, n_rep * q, D)
+        seen = (bk.keys[:, :, :before], bk.values[:, :, :before])
+        out_seen, lse_seen = flash(folded, *seen, 0.0, False, attn_mask=mask, scale=scale)
+        out_seen, lse_seen = out_seen.reshape(b, H, q, D).float(), lse_seen.reshape(b, H, q).float()
+        if before == bk.width and bool((bk.counts == 0).any()):  # a head that sees nothing: weight 0, not lse 0
+            empty = (bk.counts == 0).repeat_interleave(n_rep, 1)[..., None]
+            lse_seen = lse_seen.masked_fill(empty, float("-inf"))
+            out_seen = out_seen.masked_fill(empty[..., None], 0.0)
+        own = [t[:, :, before : before + q].repeat_interleave(n_rep, 1) for t in (bk.keys, bk.values)]
+        out_own, lse_own = flash(query, *own, 0.0, True, scale=scale)
+        lse = torch.logaddexp(lse_seen, lse_own.float())
+        merged = (
+            out_seen * (lse_seen - lse).exp()[..., None] + out_own.float() * (lse_own.float() - lse).exp()[..., None]
+        )
+        return merged.to(query.dtype)
 
     @staticmethod
     def _mask(bk: _Bucket, q: int, n_rep: int) -> torch.Tensor | None:
