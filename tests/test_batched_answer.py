@@ -269,3 +269,24 @@ def test_shipped_models_batched_equals_one_at_a_time(model):
     serial = [c.answer(question, **kw).token_ids for c in children]
     batched = parent.answer_children(children, question, **kw)
     assert [a.token_ids for a in batched] == serial
+
+
+def test_batch_kv_mask_of_a_block_hand_worked():
+    """The bool mask of the generic (non-CPU) path for a block of q new queries: folded row ``r * q + i`` of a row's
+    KV head sees that head's kept entries, every entry fed before the block, and the block's entries up to ``i``."""
+    D, q, n_rep = 4, 2, 2
+    rows = [[(torch.randn(c, D), torch.randn(c, D)) for c in heads] for heads in [[3, 1], [2, 3]]]
+    batch = BatchKV(rows, extra=5)
+    (bk,) = batch.buckets
+    bk.filled = 1 + q  # one entry fed earlier, then this block
+    mask = BatchKV._mask(bk, q, n_rep)
+    width, length = 3, 3 + 1 + q
+    for r, counts in enumerate([[3, 1], [2, 3]]):
+        for h, count in enumerate(counts):
+            for row in range(n_rep * q):
+                i = row % q
+                want = [j < count or width <= j <= width + 1 + i for j in range(length)]
+                assert mask[r, h, row].tolist() == want
+    bk.filled = 1
+    assert BatchKV._mask(bk, 1, n_rep)[1, 1, 0].tolist() == [True, True, True, True]  # one query: padding only
+    assert BatchKV._mask(bk, 1, n_rep)[0, 1, 0].tolist() == [True, False, False, True]

@@ -395,7 +395,6 @@ class ParentSession(Session):
     def _adopt(self, child: ChildSession) -> ChildSession:
         """Make ``child`` one of this parent's live children and register it with the engine (``self.engine``)."""
         self._children = self.live_children() + [child]
-        self._child = child
         self.engine._sessions[child.session_id] = child
         return child
 

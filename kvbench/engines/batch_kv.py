@@ -45,10 +45,11 @@ class _Bucket:
     def padded(self) -> bool:
         return bool((self.counts < self.width).any())
 
-    def kept_mask(self) -> torch.Tensor:
-        """``[b, H_kv, 1, width]``: True where a row's head holds a kept entry."""
-        cols = torch.arange(self.width, device=self.counts.device)
-        return (cols < self.counts[..., None])[:, :, None, :]
+    def visible(self, length: int) -> torch.Tensor:
+        """``[b, H_kv, 1, length]`` bool over the buffer's first ``length`` entries: True at a row's head's kept
+        entries and at every entry fed after the context, False on padding."""
+        cols = torch.arange(length, device=self.counts.device)
+        return ((cols < self.counts[..., None]) | (cols >= self.width))[:, :, None, :]
 
 
 def bucket_bounds(widths: Sequence[int], ratio: float = BUCKET_RATIO) -> list[tuple[int, int]]:
@@ -105,10 +106,6 @@ class BatchKV:
         """Rows (children) in the batch."""
         return self.buckets[-1].stop if self.buckets else 0
 
-    def nbytes(self) -> int:
-        """Bytes of the bucket buffers (keys and values, padding included)."""
-        return sum(2 * b.keys.numel() * b.keys.element_size() for b in self.buckets)
-
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None) -> torch.Tensor:
         """Write the ``q`` new entries ``key`` / ``value`` ``[B, H_kv, q, D]`` after each row's kept ones and attend
         ``query`` ``[B, H, q, D]`` (the last ``q`` positions, bottom-right causal over the new entries) to them.
@@ -149,11 +146,9 @@ class BatchKV:
         b, H, q, D = query.shape
         n_rep = H // self.n_kv_heads
         mask = None
-        if bk.padded:
-            cols = torch.arange(before, device=query.device)
-            hidden = (cols < bk.width) & (cols >= bk.counts[..., None])  # [b, H_kv, before]: padding
+        if bk.padded:  # the flash kernel takes an additive mask of the query's dtype
+            hidden = ~bk.visible(before)
             mask = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
-            mask = mask[:, :, None, :]
         folded = query.reshape(b, self.n_kv_heads, n_rep * q, D)
         seen = (bk.keys[:, :, :before], bk.values[:, :, :before])
         out_seen, lse_seen = flash(folded, *seen, 0.0, False, attn_mask=mask, scale=scale)
@@ -164,25 +159,22 @@ class BatchKV:
             out_seen = out_seen.masked_fill(empty[..., None], 0.0)
         own = [t[:, :, before : before + q].repeat_interleave(n_rep, 1) for t in (bk.keys, bk.values)]
         out_own, lse_own = flash(query, *own, 0.0, True, scale=scale)
-        lse = torch.logaddexp(lse_seen, lse_own.float())
-        merged = (
-            out_seen * (lse_seen - lse).exp()[..., None] + out_own.float() * (lse_own.float() - lse).exp()[..., None]
-        )
+        lse_own = lse_own.float()
+        lse = torch.logaddexp(lse_seen, lse_own)
+        merged = out_seen * (lse_seen - lse).exp()[..., None] + out_own.float() * (lse_own - lse).exp()[..., None]
         return merged.to(query.dtype)
 
     @staticmethod
     def _mask(bk: _Bucket, q: int, n_rep: int) -> torch.Tensor | None:
         """SDPA's bool mask for ``q`` new queries (folded: ``n_rep * q`` rows per KV head), or None when every
         entry is visible to every row (no padding and one query)."""
-        device = bk.counts.device
-        if q == 1 and not bk.padded:
-            return None
+        if q == 1:  # one mask row, broadcast over the folded query heads
+            return bk.visible(bk.width + bk.filled) if bk.padded else None
+        before = bk.width + bk.filled - q  # what every query sees, then the block's own entries, causal
         b, h_kv = bk.counts.shape
-        rows = 1 if q == 1 else n_rep * q  # one query: one mask row, broadcast over the folded query heads
-        new = torch.ones(q, bk.filled, dtype=torch.bool, device=device).tril(bk.filled - q)  # [q, filled]
-        new = new.repeat(rows // q, 1)  # folded rows: query head r * q + i is new query i
-        kept = bk.kept_mask().expand(b, h_kv, rows, bk.width)
-        return torch.cat([kept, new.expand(b, h_kv, rows, bk.filled)], -1)
+        own = torch.ones(q, q, dtype=torch.bool, device=bk.counts.device).tril().repeat(n_rep, 1)  # row r * q + i: i
+        seen = bk.visible(before).expand(b, h_kv, n_rep * q, before)
+        return torch.cat([seen, own.expand(b, h_kv, n_rep * q, q)], -1)
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` (ascending indices into the current rows); the others leave the batch."""

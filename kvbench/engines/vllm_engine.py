@@ -627,7 +627,7 @@ class VllmParent(ParentSession):
         # [n, H_kv, D]: exactly the bf16 tensors the prefill wrote into the pages
         self._k = [k.view(self.n, Hkv, D) for k in cap.k]
         self._v = [v.view(self.n, Hkv, D) for v in cap.v]
-        self._child: VllmChild | None = None
+        self._children: list[VllmChild] = []
 
     def _block_ids(self, f: int) -> list[int]:
         return [b.block_id for b in self.attn_blocks[f]]
@@ -675,10 +675,7 @@ class VllmParent(ParentSession):
     @torch.no_grad()
     def fork(self, kept) -> VllmChild:
         self._check_live()
-        if self._child is not None and not self._child.released:
-            raise ProtocolError(
-                f"parent {self.session_id} already has a live child {self._child.session_id}; release it before forking"
-            )
+        self._check_can_fork()
         self.validate_kept(kept)
         engine = self.engine
         start = time.perf_counter()
@@ -746,8 +743,8 @@ class VllmParent(ParentSession):
     def release(self) -> None:
         if self._released:
             return
-        if self._child is not None:
-            self._child.release()
+        for child in self.live_children():
+            child.release()
         for blocks in self.attn_blocks:
             self.engine._give(blocks)
         self.engine._give(self.state_blocks)
