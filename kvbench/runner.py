@@ -254,7 +254,9 @@ class ShardContexts:
     order, then items; shard ``(i, N)`` keeps running index ``c`` when ``c % N == i``), so shards partition the
     contexts as before. ``total``: the shard's count as far as known, each task counted at ``--limit`` items until
     it ends short (a task with fewer items, e.g. a data file's questions, is said once when it ends). A later item
-    of a task that cannot run (:data:`_CANNOT_RUN`) ends that task as :func:`_contexts` does for a first one."""
+    that cannot run (:data:`_CANNOT_RUN`: e.g. RULER's cwe item whose smallest prompt exceeds ``--length`` while
+    earlier ones fit) ends that task there, said and recorded (``missing.json``), even for a task named with
+    ``--task``: its first item ran, so ``--length`` suits it, and the rest of the run goes on."""
 
     def __init__(self, config: RunConfig, tasks: list[tuple[str, Iterator[Context]]], console: Console, record):
         self._config, self._tasks, self._console, self._record = config, tasks, console, record
@@ -273,11 +275,15 @@ class ShardContexts:
             while True:
                 try:
                     ctx = next(items, None)
-                except _CANNOT_RUN as exc:
-                    if config.tasks:
-                        raise _named(config, task, exc) from None
-                    _skip(config, {task: exc}, self._console, self._record)
-                    ctx, ended = None, False
+                except _CANNOT_RUN as exc:  # a later item (the first one ran): the task ends here, the run goes on
+                    ended, counted = False, f"{drawn} item{'' if drawn == 1 else 's'}"
+                    self._console.print(
+                        f"{config.bench}/{task}: item {drawn} cannot run, so the task ends after {counted} "
+                        f"(fewer than --limit {config.limit}): {exc}",
+                        style="yellow", markup=False, soft_wrap=True,
+                    )  # fmt: skip
+                    self._record(task, f"ends after {counted}: {exc}")
+                    ctx = None
                 if ctx is None:
                     break
                 if index % n == i:

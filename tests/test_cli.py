@@ -258,6 +258,51 @@ def test_a_task_too_long_for_length_is_recorded_unless_asked_for(tmp_path, monke
     assert "use --length >= 5000" in capsys.readouterr().err.replace("\n", " ")
 
 
+def test_a_later_item_too_long_ends_its_task_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A task whose first items fit --length but a later one does not (RULER's cwe at 4,096 tokens with the
+    shipped tokenizer: item 31 needs 4,230) ends there, even when named with --task: said with the item and the
+    fix, recorded in missing.json and listed in the report, and the run's other tasks still run."""
+    from kvbench.errors import TooShortError
+    from kvbench.tasks import Bench, register_bench
+    from kvbench.tasks.needle import NeedleBench
+
+    message = "--length 900 is too short for test-later-long/shrinks; use --length >= 5000"
+
+    @register_bench
+    class LaterLong(Bench):
+        name = "test-later-long"
+
+        def tasks(self):
+            return ["shrinks", "fits"]
+
+        def contexts(self, task, *, length, limit, seed, prompt_length):
+            items = NeedleBench().contexts(
+                "niah_single_1", length=length, limit=limit, seed=seed, prompt_length=prompt_length
+            )
+            for i, ctx in enumerate(items):
+                if task == "shrinks" and i == 1:
+                    raise TooShortError(message)
+                yield type(ctx)(self.name, task, ctx.item, ctx.instruction, ctx.body, ctx.questions, ctx.meta)
+
+    out = tmp_path / "later"
+    args = ["run", *MODEL, "--bench", "test-later-long", "--task", "shrinks,fits", "--method", "full", "--limit", "3"]
+    assert kvbench(*args, "--length", LENGTH, "--out", str(out)) == 0
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "test-later-long/shrinks: item 1 cannot run, so the task ends after 1 item" in err
+    assert "use --length >= 5000" in err
+    rows = read_rows(out)
+    want = [("fits", "0"), ("fits", "1"), ("fits", "2"), ("shrinks", "0")]
+    assert sorted((r["task"], r["item"]) for r in rows) == want
+    recorded = json.loads((out / "missing.json").read_text())["test-later-long/shrinks"]
+    assert recorded.startswith("ends after 1 item: --length 900 is too short")
+    monkeypatch.chdir(tmp_path)
+    assert kvbench("report", "--results", str(out)) == 0
+    assert (
+        "**test-later-long/shrinks** ends after 1 item: --length 900"
+        in (tmp_path / "reports/later/report.md").read_text()
+    )
+
+
 def test_every_method_end_to_end_on_needle(tmp_path, monkeypatch, capsys):
     """Offline artifacts produced by the project's own commands, then every built-in method through
     `kvbench run` at p = 0.9, 0.5, 0.1 (issue: baseline zoo end to end)."""

@@ -170,10 +170,17 @@ def is_random(df: pd.DataFrame) -> bool:
 
 
 def missing_lines(rows: Rows, missing: dict[str, str] | None) -> list[str]:
-    """One line per ``bench/task`` recorded as missing its data and without any row."""
+    """One line per ``bench/task`` recorded as missing its data (or not fitting ``--length``) and without any
+    row, and per task recorded as ending early (a later item did not fit: ``ends after N items: …``)."""
     df = as_frame(rows)
     have = set((df.bench.astype(str) + "/" + df.task.astype(str)).unique()) if len(df) else set()
-    return [f"- **{name}** missing: {reason}" for name, reason in sorted((missing or {}).items()) if name not in have]
+    lines = []
+    for name, reason in sorted((missing or {}).items()):
+        if reason.startswith("ends after "):
+            lines.append(f"- **{name}** {reason}")
+        elif name not in have:
+            lines.append(f"- **{name}** missing: {reason}")
+    return lines
 
 
 def render_markdown(rows: Rows, missing: dict[str, str] | None = None, across: bool = True) -> str:
