@@ -17,7 +17,7 @@ Used by :mod:`kvbench.engines.torch_engine` through ``module.kvbench_batch`` (:f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -31,7 +31,8 @@ BUCKET_RATIO = 0.75
 class _Bucket:
     """Rows ``start .. stop - 1`` of the batch: ``keys`` / ``values`` ``[b, H_kv, width + extra, D]``, ``counts``
     ``[b, H_kv]`` kept entries per row and head, ``width`` the padded kept length, ``filled`` entries written
-    after it."""
+    after it. ``padded``: whether any row's head keeps fewer than ``width`` entries (only then is a mask
+    needed); the visibility mask over the whole buffer is built once and sliced at every step."""
 
     start: int
     stop: int
@@ -40,16 +41,25 @@ class _Bucket:
     counts: torch.Tensor
     width: int
     filled: int = 0
+    padded: bool = field(init=False)
+    _visible: torch.Tensor | None = field(init=False, default=None, repr=False)
 
-    @property
-    def padded(self) -> bool:
-        return bool((self.counts < self.width).any())
+    def __post_init__(self) -> None:
+        self.padded = bool((self.counts < self.width).any())
 
     def visible(self, length: int) -> torch.Tensor:
         """``[b, H_kv, 1, length]`` bool over the buffer's first ``length`` entries: True at a row's head's kept
         entries and at every entry fed after the context, False on padding."""
-        cols = torch.arange(length, device=self.counts.device)
-        return ((cols < self.counts[..., None]) | (cols >= self.width))[:, :, None, :]
+        if self._visible is None:
+            cols = torch.arange(self.keys.shape[2], device=self.counts.device)
+            self._visible = ((cols < self.counts[..., None]) | (cols >= self.width))[:, :, None, :]
+        return self._visible[..., :length]
+
+    def take(self, idx: torch.Tensor) -> None:
+        """Keep only the local rows ``idx`` (ascending)."""
+        self.keys, self.values, self.counts = self.keys[idx], self.values[idx], self.counts[idx]
+        self.padded = bool((self.counts < self.width).any())
+        self._visible = self._visible[idx] if self._visible is not None and self.padded else None
 
 
 def bucket_bounds(widths: Sequence[int], ratio: float = BUCKET_RATIO) -> list[tuple[int, int]]:
@@ -186,7 +196,7 @@ class BatchKV:
                 continue
             idx = torch.tensor(local, device=bk.keys.device)
             if len(local) < bk.stop - bk.start:
-                bk.keys, bk.values, bk.counts = bk.keys[idx], bk.values[idx], bk.counts[idx]
+                bk.take(idx)
             bk.start, bk.stop = at, at + len(local)
             at = bk.stop
             buckets.append(bk)
