@@ -76,6 +76,7 @@ import os
 import random
 import string
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def _spread(fracs: list[float], n: int) -> list[int]:
     return [bounds[j] + int(f * (bounds[j + 1] - bounds[j])) for j, f in enumerate(fracs)]
 
 
-class _Gen:
+class _Gen(ABC):
     """One row's generator: ``build(size)`` is the row at a size; ``n_min`` the smallest size; ``unit``
     names the size in messages (:meth:`what`)."""
 
@@ -158,8 +159,9 @@ class _Gen:
     def rng(self, purpose: str) -> random.Random:
         return _rng(self.seed, self.task, self.index, purpose)
 
+    @abstractmethod
     def build(self, size: int) -> dict:
-        raise NotImplementedError
+        """The row at ``size`` units (the schema of the task's hub rows)."""
 
     def finish(self, row: dict, tokens: int) -> dict:
         return row
