@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf results/default reports/default
 .venv/bin/kvbench run --model tiny-trained,tiny-trained-dense --method full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle --bench ruler \
-  --task niah_single_1,niah_multikey_2 --p all --limit 5 --out results/default
+  --task niah_single_1,niah_multikey_2 --length 4096 --p all --limit 5 --out results/default
 .venv/bin/kvbench report --results results/default --out reports/default
 mkdir -p docs
 # the across-models figure (one panel per model) when the job runs two or more models, else the one mean curve

@@ -31,7 +31,15 @@ def _layout(tmp_path: Path) -> Path:
     fake = repo / ".venv" / "bin" / "kvbench"
     fake.write_text(FAKE_KVBENCH)
     fake.chmod(0o755)
+    for name in ("tiny-trained", "tiny-trained-dense"):  # shipped weights as stages 1-6 / 1-7 exported them
+        _ship(repo, name, 1024)
     return repo
+
+
+def _ship(repo: Path, name: str, context_length: int) -> None:
+    shipped = repo / "kvbench" / "builtin" / name
+    shipped.mkdir(parents=True, exist_ok=True)
+    (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -94,3 +102,14 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
     calls = _run(repo, arch)
     stage8 = next(c for c in calls if "/stage8 " in c)
     assert f"--init models/{name}/{last}/final " in stage8
+
+
+def test_stages_8_and_9_refuse_weights_already_trained_to_4096(tmp_path):
+    """The shipped model already exported after stage 9 (context_length 4,096): running stages 8-9 on it again
+    would train them twice, so the script stops, naming FROM_SCRATCH=1, and trains nothing."""
+    repo = _layout(tmp_path)
+    _ship(repo, "tiny-trained", 4096)
+    env = dict(os.environ, ARCH="qwen3_next", CALLS=str(repo / "calls.txt"), FROM_SCRATCH="0")
+    done = subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "FROM_SCRATCH=1 reproduces it from scratch" in done.stderr
+    assert not (repo / "calls.txt").exists()

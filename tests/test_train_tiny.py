@@ -449,6 +449,15 @@ def test_stage_compute_seconds_from_the_log():
     assert T.compute_sentence(args, log * 900).endswith("1.8 hours (minutes per stage: 45, 60).")
 
 
+def test_the_card_describes_scbench_rows_only_when_a_stage_trained_on_them():
+    from kvbench.training.card import _scbench_sentence
+
+    ruler_only = [{"mix": [["niah_single_1", 1.0]]}, {}]  # {}: the default mix, RULER's tasks and dense rows
+    assert _scbench_sentence(ruler_only) == ""
+    with_scbench = [*ruler_only, {"mix": [["vt", 0.5], ["scbench_kv", 0.5]]}]
+    assert '"scbench_*" rows are SCBench\'s offline-generated tasks' in _scbench_sentence(with_scbench)
+
+
 @pytest.mark.parametrize("task", T.SCBENCH_TASKS)
 def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(task):
     """A generated SCBench row as training sees it: the context prompt exactly as evaluation renders it, then

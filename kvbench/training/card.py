@@ -45,6 +45,17 @@ def compute_sentence(args: dict, log: list[dict]) -> str:
     )
 
 
+def _scbench_sentence(stages: list[dict]) -> str:
+    """The card's sentence on SCBench rows, when a stage's mix has any (empty otherwise)."""
+    if not any(t.startswith("scbench_") for st in stages for t, _ in st.get("mix", TASK_MIX)):
+        return ""
+    return (
+        ' "scbench_*" rows are SCBench\'s offline-generated tasks (kv, mf, prefix_suffix, vt) rendered as evaluation'
+        " renders them (SCBench's assembly), the context followed by all of its questions, each answered (loss on"
+        " the answers)."
+    )
+
+
 def _describe_stage(i: int, st: dict) -> str:
     """One bullet of the card's stage list (``i``: 0-based stage index, ``st``: its arguments)."""
     rows = ", ".join(f"{n} tokens from step {int(f * st['steps'])}" for f, n in st["curriculum"])
@@ -92,8 +103,8 @@ needle's question and answer, "lookup" rows the same with each question's needle
 "echo" rows lookup rows whose questions repeat the needle's own wording up to the value,
 "chains" rows are variable-assignment chains with vt's question for each,
 "repeat" rows are a synthetic text segment written twice (loss on the answers / the second copy, and
-{args["lm_weight"]} on every other token). The model never saw essay text (the Paul Graham haystack of
-niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery) or the qa tasks.
+{args["lm_weight"]} on every other token).{_scbench_sentence(stages)} The model never saw essay text (the Paul
+Graham haystack of niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery) or the qa tasks.
 Mean loss over the last 50 steps: {final_loss:.4f}. {compute_sentence(args, log)}
 
 **Context length.** {ctx_len} tokens, the longest trained row. `kvbench run` uses it as the default
