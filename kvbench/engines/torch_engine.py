@@ -73,10 +73,6 @@ def _head_entries(layer) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(keys[0, h], values[0, h]) for h in range(keys.shape[1])]
 
 
-def _kept_total(layers) -> int:
-    return sum(len(k) for layer in layers for k, _ in _head_entries(layer))
-
-
 class TorchEngine(EngineBase):
     """Prefills contexts into parent sessions on one HF hybrid model.
 
@@ -305,11 +301,10 @@ class TorchEngine(EngineBase):
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
         size, T, device = len(children_kv), len(question_ids), self.device
         start = time.perf_counter()
-        rows = sorted(range(size), key=lambda i: -_kept_total(children_kv[i]))  # batch row -> child
-        batch = [
-            BatchKV([_head_entries(children_kv[i][f]) for i in rows], extra=T + max_new_tokens)
-            for f in range(parent.n_attn_layers)
-        ]
+        entries = [[_head_entries(layer) for layer in layers] for layers in children_kv]  # [child][f][h]: (K, V)
+        kept = [sum(len(k) for heads in child for k, _ in heads) for child in entries]
+        rows = sorted(range(size), key=lambda i: -kept[i])  # batch row -> child
+        batch = [BatchKV([entries[i][f] for i in rows], extra=T + max_new_tokens) for f in range(parent.n_attn_layers)]
         cache = self._batch_cache(parent, size)
         generated: list[list[int]] = [[] for _ in range(size)]
         stopped = [False] * size
@@ -475,11 +470,10 @@ class TorchParent(ParentSession):
             child._check_live()
             if not isinstance(child, TorchChild):
                 raise ProtocolError(f"child {child.session_id} holds no compacted layers to batch (not a TorchChild)")
-        if len(children) == 1:
-            alone = children[0].answer(
-                question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids
+        if len(children) == 1:  # alone: the base's one-at-a-time path
+            return super().answer_children(
+                children, question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids
             )
-            return [alone]
         return self.engine._answer_batch(self, [c.layers for c in children], question_ids, max_new_tokens, stop_ids)
 
     def answer_batch_limit(self, question_tokens: int, max_new_tokens: int) -> int:
