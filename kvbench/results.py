@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
+    "ENDED_EARLY",
     "LEGACY_KEY",
     "ROW_KEY",
     "ResultsError",
@@ -78,6 +79,9 @@ _NEW_KEY = identity_fields(Absent.LEGACY, Absent.UPGRADE_TO_NULL)
 _UPGRADE_TO_NULL = frozenset(identity_fields(Absent.UPGRADE_TO_NULL))
 _OPTIONAL_DEFAULTS = defaults(OPTIONAL_KEY)
 RESULTS_GLOB = "results*.jsonl"
+#: How a ``missing.json`` reason starts when the task ran some items, then stopped at one that cannot run (the
+#: runner writes it, the report lists such a task even though it has rows).
+ENDED_EARLY = "ends after "
 _RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
 
 

@@ -43,7 +43,7 @@ from kvbench.models import (
     max_positions,
 )
 from kvbench.prompt import Rendered, prompt_length, render
-from kvbench.results import ResultsStore
+from kvbench.results import ENDED_EARLY, ResultsStore
 from kvbench.rows import P_DECIMALS, Row, RowKey
 from kvbench.scorers import score as run_scorer
 from kvbench.tasks import Context, get_bench
@@ -282,7 +282,7 @@ class ShardContexts:
                         f"(fewer than --limit {config.limit}): {exc}",
                         style="yellow", markup=False, soft_wrap=True,
                     )  # fmt: skip
-                    self._record(task, f"ends after {counted}: {exc}")
+                    self._record(task, f"{ENDED_EARLY}{counted}: {exc}")
                     ctx = None
                 if ctx is None:
                     break

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from kvbench.report.data import SETTING, bench_label, frame, setting_title, usable
 from kvbench.report.tables import FULL, across_groups, model_names, task_scores
+from kvbench.results import ENDED_EARLY
 
 __all__ = ["RANDOM_WARNING", "as_frame", "missing_lines", "render_markdown", "render_rich", "summarize", "write_report"]
 
@@ -176,7 +177,7 @@ def missing_lines(rows: Rows, missing: dict[str, str] | None) -> list[str]:
     have = set((df.bench.astype(str) + "/" + df.task.astype(str)).unique()) if len(df) else set()
     lines = []
     for name, reason in sorted((missing or {}).items()):
-        if reason.startswith("ends after "):
+        if reason.startswith(ENDED_EARLY):
             lines.append(f"- **{name}** {reason}")
         elif name not in have:
             lines.append(f"- **{name}** missing: {reason}")
