@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import copy
+import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
 
 from kvbench.engines.attention import sdpa_with_lse
 from kvbench.engines.base import attention_logsumexp
@@ -90,6 +89,15 @@ def test_probes_follow_the_reference_prompts():
     assert probes[1][2] == tok(NEXT_PROMPT, add_special_tokens=False)["input_ids"] + ids[22:30] + tail + ids[30:50]
 
 
+def _fixture_script():
+    """scripts/kvzip_fixture.py as a module: its eager reference is what the shipped-model fixture holds."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "kvzip_fixture.py"
+    spec = importlib.util.spec_from_file_location("kvzip_fixture", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_kvzip_scores_equal_eager_attention_of_the_reconstruction_forward():
     model = tiny_model("qwen3_next")
     tok = byte_tokenizer()
@@ -100,26 +108,8 @@ def test_kvzip_scores_equal_eager_attention_of_the_reconstruction_forward():
     method.chunk_size = 40
     scores = method.score(parent)
 
-    eager = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), attn_implementation="eager")
-    eager.load_state_dict(model.state_dict())
-    eager.eval()
-    with torch.no_grad():
-        ctx_cache = eager(input_ids=torch.tensor([ids]), use_cache=True).cache
-        attn_ids = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
-        expected = [torch.zeros(parent.n_kv_heads, parent.n) for _ in attn_ids]
-        for start, end, probe in method.probes(parent):
-            out = eager(
-                input_ids=torch.tensor([probe]),
-                cache=copy.deepcopy(ctx_cache),
-                use_cache=True,
-                output_attentions=True,
-                position_ids=torch.arange(90, 90 + len(probe))[None],
-            )
-            for f in range(len(attn_ids)):
-                weights = out.attentions[f][0]  # [H, T, n + T]; one entry per attention layer
-                per_kv = weights[:, :, :90].amax(1).view(parent.n_kv_heads, -1, 90).amax(1)
-                expected[f][:, start:end] = per_kv[:, start:end]
-    for f in range(len(attn_ids)):
+    expected = _fixture_script().eager_scores(model, parent, method, ids)  # stock eager attention over the probes
+    for f in range(len(expected)):
         torch.testing.assert_close(scores[f][:, 6:], expected[f][:, 6:], atol=2e-5, rtol=1e-4)
         assert bool((scores[f][:, :6] == 0).all())
 
