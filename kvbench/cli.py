@@ -118,6 +118,13 @@ def run(
         help="Children of a context answering a question together in one batched decode (torch engine): 1 "
         "answers each child alone; default: every child of the context that fits in a quarter of the free memory.",
     ),
+    answer_contexts: Optional[int] = typer.Option(
+        None,
+        "--answer-contexts",
+        help="Contexts whose children answer together in one batched decode (torch engine, without --answer-batch), "
+        "fewer when the memory bound is reached; default 1: each context's children on their own (on CPU pooling "
+        "measured no faster; see docs/engines.md).",
+    ),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."
     ),
@@ -171,6 +178,7 @@ def run(
         threads=threads,
         method_options=parse_method_options(set_),
         answer_batch=answer_batch,
+        answer_contexts=answer_contexts,
     )
     models = _split(model) or [None]
     if ray is not None:

@@ -128,8 +128,9 @@ class Row(RowKey):
     ``n_context`` / ``prot`` the context's and its protected prefix's tokens; ``truncated_from`` the context's
     tokens before middle truncation (None if not truncated); ``prefill_s``, ``score_s``, ``fork_s``, ``answer_s``
     wall seconds of the context's prefill, the method's scoring, the fork and the answer (an answer decoded in a
-    batch of ``answer_batch`` children: the batch's wall time divided by ``answer_batch``, so a batch's rows add up
-    to it; rows written before batching read ``answer_batch`` 1); ``new_tokens`` answer
+    batch of ``answer_batch`` answers (children x questions, of every context answered together): the batch's wall
+    time divided by ``answer_batch``, so a batch's rows add up to it; rows written before batching read
+    ``answer_batch`` 1); ``new_tokens`` answer
     tokens, ``stopped`` whether a stop token ended it; ``random_weights`` the model's weights are random;
     ``meta`` the context's free-form details; ``method_options`` the options differing from the method's
     defaults (absent when there are none)."""

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 import kvbench
 from kvbench import budgets
 from kvbench.engines import ENGINES
-from kvbench.engines.base import Answer, ChildSession, EngineBase, ParentSession
+from kvbench.engines.base import Answer, AnswerGroup, ChildSession, EngineBase, ParentSession
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.methods import EvictionMethod, QuestionInput, get_method, method_class
 from kvbench.models import (
@@ -72,6 +72,7 @@ class RunConfig:
     threads: int | None = None
     method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
     answer_batch: int | None = None  # children answering together; None: all of a context that fit in memory
+    answer_contexts: int | None = None  # contexts whose children answer together (AnswerPool); None: 1
 
 
 @dataclass
@@ -121,6 +122,16 @@ def validate(config: RunConfig) -> list[PlanEntry]:
         raise KvbenchError(
             f"--answer-batch {config.answer_batch}: need at least 1 (1 answers each child alone; omit it to batch "
             "every child of a context that fits in memory)"
+        )
+    if config.answer_contexts is not None and config.answer_contexts < 1:
+        raise KvbenchError(
+            f"--answer-contexts {config.answer_contexts}: need at least 1 (1, the default, answers each context's "
+            "children on their own)"
+        )
+    if config.answer_contexts is not None and config.answer_contexts > 1 and config.answer_batch is not None:
+        raise KvbenchError(
+            f"--answer-contexts {config.answer_contexts} with --answer-batch {config.answer_batch}: a fixed batch "
+            "answers the children of one context at a time; drop one of them"
         )
     if not 0 <= config.seed < SEED_LIMIT:
         raise KvbenchError(f"--seed {config.seed}: need an integer from 0 to {SEED_LIMIT - 1} (2**32 - 1)")
@@ -450,13 +461,19 @@ def _run_locked(
                 progress=progress,
                 bar=bar,
             )
-            for ctx in contexts:
-                progress.update(bar, description=escape(f"{ctx.task} #{ctx.item}"), total=contexts.total)
-                _run_context(state, ctx)
-                summary.contexts += 1
-                progress.advance(bar)
+
+            def finished(n: int) -> None:  # n contexts' rows are all written
+                summary.contexts += n
+                progress.advance(bar, n)
                 if on_progress:
                     on_progress(summary, contexts.total)
+
+            with AnswerPool(state, _pool_size(config, engine), finished) as pool:
+                for ctx in contexts:
+                    progress.update(bar, description=escape(f"{ctx.task} #{ctx.item}"), total=contexts.total)
+                    if not _run_context(state, ctx, pool):
+                        finished(1)
+                pool.flush()
             progress.update(bar, total=contexts.total)
     except KeyboardInterrupt:
         console.print(
@@ -662,10 +679,11 @@ def _pending(run: RunState, parent: ParentContext) -> Pending:
     }
 
 
-def _run_context(run: RunState, ctx: Context) -> None:
+def _run_context(run: RunState, ctx: Context, pool: AnswerPool) -> bool:
     """Every pending row of ``ctx``: prefill it once, then per method score once and per (allocation, p) fork a
     child and answer (a query-aware method: :func:`_run_query_aware`). A context without pending rows is not
-    prefilled."""
+    prefilled. When every child of the context fits in one batch, its children and parent go to ``pool``, which
+    answers them together with other contexts' (True: its rows are written when the pool flushes)."""
     parent = ParentContext(ctx, render(run.lm.tokenizer, ctx, max_length=run.engine.max_context))
     _check_budgets(ctx, parent.rendered, run.plan)
     pending = _pending(run, parent)
@@ -674,11 +692,14 @@ def _run_context(run: RunState, ctx: Context) -> None:
         sum(len(ps) * len(allocs) * len(ctx.questions) for _, allocs, ps in run.plan) - n_pending
     )
     if n_pending == 0:
-        return
+        return False
     rendered = parent.rendered
     session = run.engine.prefill(rendered.context_ids, rendered.prot, query_window=run.query_window)
     parent = replace(parent, session=session)
     batch = _batch_size(run, parent)
+    rows = sum(len(qs) for m, _, _ in run.plan if not m.query_aware for qs in pending[m.label].values())
+    pool_it = pool.enabled and rows <= batch  # every child, every question: one decode's rows
+    pooled = False
     try:
         units: list[Unit] = []  # scored, not answered yet: answered as soon as a batch is full
         for method, _, _ in run.plan:
@@ -691,13 +712,18 @@ def _run_context(run: RunState, ctx: Context) -> None:
             run.say(f"{ctx.task} #{ctx.item} {method.name}: scoring")
             scored = _score(parent, method)
             units += [Unit(scored, alloc, p, questions) for (alloc, p), questions in todo.items() if questions]
-            while len(units) >= batch:
+            while len(units) >= batch and not pool_it:
                 _fork_and_answer(run, parent, units[:batch])
                 units = units[batch:]
-        if units:
+        if units and pool_it:
+            pool.add(parent, units)
+            pooled = True
+        elif units:
             _fork_and_answer(run, parent, units)
     finally:
-        session.release()
+        if not pooled:
+            session.release()
+    return pooled
 
 
 def _batch_size(run: RunState, parent: ParentContext) -> int:
@@ -726,35 +752,169 @@ def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInpu
     return Scored(method, scores, seconds)
 
 
-def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
-    """Fork ``parent`` once per unit (keeping what its method selects at its allocation and p), then per question
-    answer it from every child that has it pending, all of them in one :meth:`ParentSession.answer_children` call
-    (one batched decode on an engine that batches), and append their rows; release the children."""
-    ctx, rendered, session = parent.ctx, parent.rendered, parent.session
+def _fork(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> list[Child]:
+    """One child of ``parent`` per unit, keeping what its method selects at its allocation and p (released again if a
+    later fork fails)."""
+    ctx, session = parent.ctx, parent.session
     children: list[Child] = []
     try:
         for unit in units:
             run.say(f"{ctx.task} #{ctx.item} {unit.scored.method.name} [{unit.allocation}] p={unit.p}: fork")
             kept = unit.scored.method.select(session, unit.scored.scores, unit.p, unit.allocation)
             children.append(Child(unit.allocation, unit.p, session.fork(kept)))
-        for qi in sorted({qi for unit in units for qi in unit.questions}):
-            answering = [(u, c) for u, c in zip(units, children, strict=True) if qi in u.questions]
-            q = ctx.questions[qi]
-            alone = f"{answering[0][0].scored.method.name} [{answering[0][1].allocation}] p={answering[0][1].p}"
-            who = alone if len(answering) == 1 else f"{len(answering)} children"
+    except BaseException:
+        for child in children:
+            child.session.release()
+        raise
+    return children
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One question of ``parent``'s context (index ``qi``) for the children that have it pending: ``answering``
+    pairs each unit with its child."""
+
+    parent: ParentContext
+    qi: int
+    answering: list[tuple[Unit, Child]]
+
+    def group(self) -> AnswerGroup:
+        """What the engine answers."""
+        rendered, q = self.parent.rendered, self.parent.ctx.questions[self.qi]
+        return AnswerGroup(
+            self.parent.session,
+            [c.session for _, c in self.answering],
+            rendered.question_ids[self.qi],
+            q.max_new_tokens,
+            rendered.sha256,
+        )
+
+
+def _asked(parent: ParentContext, units: Sequence[Unit], children: Sequence[Child]) -> list[Asked]:
+    """Per question with pending rows, in order, the children answering it."""
+    return [
+        Asked(parent, qi, [(u, c) for u, c in zip(units, children, strict=True) if qi in u.questions])
+        for qi in sorted({qi for unit in units for qi in unit.questions})
+    ]
+
+
+def _write(run: RunState, asked: Asked, answers: Sequence[Answer]) -> None:
+    """Append the rows of ``asked``'s answers."""
+    for (unit, child), ans in zip(asked.answering, answers, strict=True):
+        run.store.append(_answer_row(run, asked.parent, unit.scored, child, asked.qi, ans).to_dict())
+        run.summary.rows_written += 1
+
+
+def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
+    """Fork ``parent`` once per unit, then per question answer it from every child that has it pending, all of them
+    in one :meth:`ParentSession.answer_children` call (one batched decode on an engine that batches), and append
+    their rows; release the children."""
+    ctx = parent.ctx
+    children = _fork(run, parent, units)
+    try:
+        for asked in _asked(parent, units, children):
+            q, (unit, child) = ctx.questions[asked.qi], asked.answering[0]
+            alone = f"{unit.scored.method.name} [{child.allocation}] p={child.p}"
+            who = alone if len(asked.answering) == 1 else f"{len(asked.answering)} children"
             run.say(f"{ctx.task} #{ctx.item} q={q.qid}: {who}")
-            answers = session.answer_children(
-                [c.session for _, c in answering],
-                rendered.question_ids[qi],
-                max_new_tokens=q.max_new_tokens,
-                context_sha256=rendered.sha256,
+            group = asked.group()
+            answers = parent.session.answer_children(
+                group.children,
+                group.question_ids,
+                max_new_tokens=group.max_new_tokens,
+                context_sha256=group.context_sha256,
             )
-            for (unit, child), ans in zip(answering, answers, strict=True):
-                run.store.append(_answer_row(run, parent, unit.scored, child, qi, ans).to_dict())
-                run.summary.rows_written += 1
+            _write(run, asked, answers)
     finally:
         for child in children:
             child.session.release()
+
+
+def _pool_size(config: RunConfig, engine: EngineBase) -> int:
+    """How many contexts an :class:`AnswerPool` of this run holds: ``--answer-contexts`` (default 1: none pooled);
+    1 with ``--answer-batch`` or an engine without a batched decode."""
+    if config.answer_batch is not None or not engine.batches_children:
+        return 1
+    return config.answer_contexts or 1
+
+
+class AnswerPool:
+    """Contexts whose children wait to answer together: every question of up to ``size`` contexts (each context's
+    children forked, its parent live) in one :meth:`EngineBase.answer_groups` decode, so the few long answers
+    that end each context's decode share their steps with other contexts'. ``add`` flushes first when the pool is
+    full or the new rows would pass what memory holds; ``flush`` answers, writes every row, releases children and
+    parents and tells ``finished`` how many contexts it completed. Leaving the ``with`` block releases whatever is
+    still held (an error: those rows were never written; a rerun makes them)."""
+
+    def __init__(self, run: RunState, size: int, finished: Callable[[int], None]) -> None:
+        self.run, self.size, self.finished = run, size, finished
+        self.held: list[tuple[ParentContext, list[Child], list[Asked]]] = []
+
+    @property
+    def enabled(self) -> bool:
+        """Whether contexts are pooled at all (size > 1)."""
+        return self.size > 1
+
+    @property
+    def rows(self) -> int:
+        """Rows waiting: a child answering two questions counts twice (two rows of the decode)."""
+        return sum(len(a.answering) for _, _, asked in self.held for a in asked)
+
+    def add(self, parent: ParentContext, units: Sequence[Unit]) -> None:
+        """Fork ``parent``'s children for ``units`` and hold them (and the parent) until the pool flushes: first
+        when it holds ``size`` contexts, or when the new rows would pass what memory holds (then the held
+        contexts are answered before this one joins)."""
+        if len(self.held) >= self.size:
+            self.flush()
+        try:
+            children = _fork(self.run, parent, units)
+        except BaseException:
+            parent.session.release()
+            raise
+        rows = sum(len(u.questions) for u in units)
+        if self.held and self.rows + rows > self._room(parent):
+            self.flush()
+        self.held.append((parent, children, _asked(parent, units, children)))
+
+    @staticmethod
+    def _room(parent: ParentContext) -> int:
+        """The rows one decode may hold now that ``parent``'s children are forked: what answering adds per row
+        (its batch buffers, GDN states) against the memory still free."""
+        rendered, questions = parent.rendered, parent.ctx.questions
+        question_tokens = max(len(ids) for ids in rendered.question_ids)
+        max_new = max(q.max_new_tokens for q in questions)
+        return parent.session.answer_batch_limit(question_tokens, max_new, forked=True)
+
+    def flush(self) -> None:
+        """Answer every held question in one decode, write the rows, release what the pool holds."""
+        if not self.held:
+            return
+        run = self.run
+        try:
+            asked = [a for _, _, context_asked in self.held for a in context_asked]
+            where = ", ".join(f"{p.ctx.task} #{p.ctx.item}" for p, _, _ in self.held)
+            run.say(f"{where}: {self.rows} answers")
+            answers = run.engine.answer_groups([a.group() for a in asked])
+            for a, group_answers in zip(asked, answers, strict=True):
+                _write(run, a, group_answers)
+            done = len(self.held)
+        finally:
+            self.release()
+        self.finished(done)
+
+    def release(self) -> None:
+        """Release every held child and parent, answered or not."""
+        held, self.held = self.held, []
+        for parent, children, _ in held:
+            for child in children:
+                child.session.release()
+            parent.session.release()
+
+    def __enter__(self) -> AnswerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def _run_query_aware(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.base import ChildSession, ParentSession
+from kvbench.engines.base import ChildSession, EngineBase, ParentSession
 from kvbench.engines.torch_engine import TorchEngine, TorchParent
 
 
@@ -57,6 +57,9 @@ class MaskingTorchEngine(TorchEngine):
         parent = super().prefill(token_ids, prot, query_window=query_window)
         parent.__class__ = _MaskingParent
         return parent
+
+    # several contexts' children answer through each parent's answer_children below, not one merged decode
+    answer_groups = EngineBase.answer_groups
 
 
 class _MaskingParent(TorchParent):

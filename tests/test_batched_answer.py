@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from kvbench import budgets, runner
+from kvbench.engines.base import AnswerGroup
 from kvbench.engines.batch_kv import BatchKV, bucket_bounds
-from kvbench.engines.torch_engine import TorchEngine
+from kvbench.engines.torch_engine import TorchEngine, TorchParent
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import load_model
 from kvbench.runner import RunConfig
@@ -76,6 +77,48 @@ def test_batched_answers_equal_one_at_a_time(family, stop_mode):
     assert all(a.batch == 1 for a in serial)
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_groups_of_several_contexts_and_questions_equal_one_at_a_time(family):
+    """float32: children of two parents (contexts of different lengths, so different positions) answering
+    different questions (different lengths and budgets) in one :meth:`answer_groups` call answer token for token
+    as each alone; every answer records the whole decode's size."""
+    engine = TorchEngine(tiny_model(family))
+    parents = [engine.prefill(_ids(N_CTX, seed=7), prot=4), engine.prefill(_ids(N_CTX - 37, seed=8), prot=2)]
+    kids = [_children(parents[0]), _children(parents[1])[1:5]]
+    questions = [(Q_IDS, 9), (Q_IDS[:3], 14), (Q_IDS[::-1] + [3, 4], 6)]
+    plan = [(0, questions[0]), (1, questions[1]), (0, questions[2]), (1, questions[0])]
+    stops = (int(_ids(1, seed=5)[0]),)
+    groups = [AnswerGroup(parents[k], kids[k], q, new, parents[k].sha256) for k, (q, new) in plan]
+    got = engine.answer_groups(groups, stop_ids=stops)
+    size = sum(len(g.children) for g in groups)
+    for group, answers in zip(groups, got, strict=True):
+        want = [
+            c.answer(group.question_ids, max_new_tokens=group.max_new_tokens, context_sha256=group.context_sha256,
+                     stop_ids=stops)
+            for c in group.children
+        ]  # fmt: skip
+        assert [a.token_ids for a in answers] == [a.token_ids for a in want]
+        assert [a.stopped for a in answers] == [a.stopped for a in want]
+        assert all(a.batch == size for a in answers)
+    assert {len(a.token_ids) for answers in got for a in answers} >= {6, 9}  # budgets are per group
+
+
+def test_answer_groups_refuses_a_foreign_parent_and_a_wrong_hash():
+    engine, other = TorchEngine(tiny_model("qwen3_next")), TorchEngine(tiny_model("qwen3_next"))
+    parent, stranger = engine.prefill(_ids(60), prot=2), other.prefill(_ids(60), prot=2)
+    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    mine, theirs = [parent.fork(kept), parent.fork(kept)], [stranger.fork(kept)]
+    with pytest.raises(ProtocolError, match="not a session of this engine"):
+        engine.answer_groups(
+            [
+                AnswerGroup(parent, mine, Q_IDS, 2, parent.sha256),
+                AnswerGroup(stranger, theirs, Q_IDS, 2, stranger.sha256),
+            ]
+        )
+    with pytest.raises(ProtocolError, match="hash mismatch"):
+        engine.answer_groups([AnswerGroup(parent, mine, Q_IDS, 2, stranger.sha256 + "0")] * 2)
+
+
 def test_one_child_takes_the_one_at_a_time_path():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(_ids(N_CTX), prot=0)
@@ -134,6 +177,9 @@ def test_answer_batch_limit_counts_worst_case_memory(monkeypatch):
     per_child = per_position * (2 * parent.n + 20 + 32) + gdn
     monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 4 * per_child * 10 + 3)
     assert parent.answer_batch_limit(20, 32) == 10
+    forked = per_position * (parent.n + 20 + 32) + gdn  # the children exist: only their batch rows and states
+    monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 4 * forked * 7 + 3)
+    assert parent.answer_batch_limit(20, 32, forked=True) == 7
     monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 5)
     assert parent.answer_batch_limit(20, 32) == 1
 
@@ -187,6 +233,43 @@ def test_batch_kv_against_explicit_softmax(q_len):
         batch.attend(torch.randn(2, H, 1, D), torch.randn(2, H_kv, 1, D), torch.randn(2, H_kv, 1, D), None)
 
 
+def test_arena_hands_out_disjoint_buffers_and_reuses_them(monkeypatch):
+    from kvbench.engines import batch_kv
+
+    monkeypatch.setattr(batch_kv, "ARENA_BLOCK_BYTES", 1000)
+    arena = batch_kv.Arena()
+    a = arena.empty((3, 5), torch.float32, torch.device("cpu"))  # 60 bytes
+    b = arena.empty((2, 2), torch.float64, "cpu")
+    c = arena.empty((40, 10), torch.float32, "cpu")  # 1600 bytes: a block of its own
+    a.fill_(1), b.fill_(2), c.fill_(3)
+    assert (a == 1).all() and (b == 2).all() and (c == 3).all()  # no overlap
+    assert b.data_ptr() % 64 == 0 and a.is_contiguous() and c.shape == (40, 10)
+    held = arena.nbytes
+    arena.reset()
+    again = [arena.empty(t.shape, t.dtype, "cpu") for t in (a, b, c)]
+    assert arena.nbytes == held  # the same blocks, nothing new allocated
+    assert [t.data_ptr() for t in again] == [t.data_ptr() for t in (a, b, c)]
+
+
+def test_batch_kv_in_an_arena_equals_fresh_buffers():
+    """The same rows in arena buffers (dirty from an earlier use) attend as in fresh ones; rows leave in place."""
+    from kvbench.engines.batch_kv import Arena
+
+    torch.manual_seed(1)
+    D, H_kv = 8, 2
+    rows = [[(torch.randn(c, D), torch.randn(c, D)) for c in heads] for heads in [[30, 12], [29, 3], [9, 10], [2, 1]]]
+    arena = Arena()
+    BatchKV(rows, extra=4, arena=arena).buckets[0].keys.fill_(float("nan"))  # leave garbage behind
+    arena.reset()
+    pooled, fresh = BatchKV(rows, extra=4, arena=arena), BatchKV(rows, extra=4)
+    for keep in (None, torch.tensor([0, 2, 3]), torch.tensor([1, 2])):
+        if keep is not None:
+            pooled.select(keep), fresh.select(keep)
+        q = torch.randn(pooled.size, 4, 1, D)
+        k, v = torch.randn(pooled.size, H_kv, 1, D), torch.randn(pooled.size, H_kv, 1, D)
+        torch.testing.assert_close(pooled.attend(q, k, v, None), fresh.attend(q, k, v, None), rtol=0, atol=0)
+
+
 # --- the runner ---------------------------------------------------------------------------------------------
 
 
@@ -222,6 +305,57 @@ def test_runner_batched_rows_equal_one_at_a_time_and_resume_each_other(tmp_path)
     assert sizes["oracle"] == 2  # a query-aware method forks per question: its two p answer together
     again = runner.run(RunConfig(**base, out=one, answer_batch=3), lm=lm)
     assert again.rows_written == 0 and again.rows_skipped == len(serial)
+
+
+def test_runner_pools_contexts_and_rows_equal_one_at_a_time(tmp_path):
+    """Several contexts' children answer in one decode (--answer-contexts K): the rows hold the predictions of
+    --answer-batch 1; each row records the size of the decode it came from (all children of the pooled contexts);
+    K = 2 splits 3 contexts into decodes of 2 and 1 contexts; the default pools nothing."""
+    lm = load_model("tiny-random")
+    base = dict(methods=["full", "random"], bench="needle", ps=[0.5, 0.1], model="tiny-random", limit=3, length=640)
+    runner.run(RunConfig(**base, out=tmp_path / "one", answer_batch=1), lm=lm)
+    serial = _rows(tmp_path / "one")
+    per_context = 3  # full + random at two p
+    for contexts, sizes in ((4, {3 * per_context}), (2, {2 * per_context, per_context}), (None, {per_context})):
+        out = tmp_path / f"pooled-{contexts}"
+        summary = runner.run(RunConfig(**base, out=out, answer_contexts=contexts), lm=lm)
+        rows = _rows(out)
+        assert rows.keys() == serial.keys() and summary.contexts == 3
+        for key, row in serial.items():
+            assert (rows[key]["prediction"], rows[key]["score"]) == (row["prediction"], row["score"]), key
+        assert {r["answer_batch"] for r in rows.values()} == sizes, contexts
+    with pytest.raises(KvbenchError, match="--answer-contexts 0: need at least 1"):
+        runner.run(RunConfig(**base, out=tmp_path / "zero", answer_contexts=0), lm=lm)
+    with pytest.raises(KvbenchError, match="drop one of them"):
+        runner.run(RunConfig(**base, out=tmp_path / "both", answer_contexts=2, answer_batch=3), lm=lm)
+
+
+def test_runner_pool_bound_by_memory_and_released_on_error(tmp_path, monkeypatch):
+    """A pool flushes before the next context's rows would pass the memory bound (here 4 rows: each context's 3
+    answer alone); an error while answering releases every held parent and child and writes no row of them."""
+    lm = load_model("tiny-random")
+    base = dict(methods=["full", "random"], bench="needle", ps=[0.5, 0.1], model="tiny-random", limit=3, length=640)
+    monkeypatch.setattr(TorchParent, "answer_batch_limit", lambda self, q, new, forked=False: 4)
+    runner.run(RunConfig(**base, out=tmp_path / "bound", answer_contexts=3), lm=lm)
+    assert {r["answer_batch"] for r in _rows(tmp_path / "bound").values()} == {3}
+    live = []
+    real_prefill = TorchEngine.prefill
+
+    def prefill(self, *args, **kwargs):
+        parent = real_prefill(self, *args, **kwargs)
+        live.append(parent)
+        return parent
+
+    def broken(self, groups, stop_ids=None):
+        raise KvbenchError("decode failed")
+
+    monkeypatch.setattr(TorchParent, "answer_batch_limit", lambda self, q, new, forked=False: 100)
+    monkeypatch.setattr(TorchEngine, "prefill", prefill)
+    monkeypatch.setattr(TorchEngine, "answer_groups", broken)
+    with pytest.raises(KvbenchError, match="decode failed"):
+        runner.run(RunConfig(**base, out=tmp_path / "broken", answer_contexts=3), lm=lm)
+    assert len(live) == 3 and all(p.released and not p.live_children() for p in live)
+    assert not (tmp_path / "broken" / "results.jsonl").exists()
 
 
 def test_runner_answer_batch_two_and_bad_values(tmp_path, monkeypatch):

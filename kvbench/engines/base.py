@@ -93,6 +93,19 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class AnswerGroup:
+    """One question for several children of one parent: what :meth:`EngineBase.answer_groups` answers.
+    ``question_ids`` token ids fed after the context, ``max_new_tokens`` the answer budget, ``context_sha256`` the
+    parent's context hash (the runner's check that the children answer the context it rendered)."""
+
+    parent: ParentSession
+    children: Sequence[ChildSession]
+    question_ids: Sequence[int]
+    max_new_tokens: int
+    context_sha256: str
+
+
+@dataclass(frozen=True)
 class ForkStats:
     """What a fork kept and what it stores, measured on the child's tensors.
 
@@ -215,6 +228,22 @@ class EngineBase:
         for session in list(self._sessions.values()):
             if not session.released:
                 session.release()
+
+    def answer_groups(self, groups: Sequence[AnswerGroup], stop_ids: Sequence[int] | None = None) -> list[list[Answer]]:
+        """The answers of every group (per group, its children's, in their order), each what ``child.answer``
+        returns. The groups may belong to different parents (contexts) and questions. This base implementation
+        answers each group with its parent's :meth:`ParentSession.answer_children`; an engine with a batched decode
+        overrides it to decode every group's children together (the same tokens)."""
+        return [
+            group.parent.answer_children(
+                group.children,
+                group.question_ids,
+                max_new_tokens=group.max_new_tokens,
+                context_sha256=group.context_sha256,
+                stop_ids=stop_ids,
+            )
+            for group in groups
+        ]
 
     def greedy(
         self,
@@ -415,10 +444,11 @@ class ParentSession(Session):
             for child in children
         ]
 
-    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int) -> int:
+    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int, *, forked: bool = False) -> int:
         """How many children :meth:`answer_children` should take at once for a question of ``question_tokens``
         tokens and an answer of up to ``max_new_tokens`` (an estimate of what fits in memory; at most
-        ``max_live_children``). The base: one."""
+        ``max_live_children``); ``forked``: the children already exist (their storage is no longer free memory),
+        count only what answering adds. The base: one."""
         return 1
 
     @abstractmethod

@@ -17,6 +17,7 @@ Used by :mod:`kvbench.engines.torch_engine` through ``module.kvbench_batch`` (:f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,14 +26,58 @@ import torch.nn.functional as F
 
 #: A row starts a new bucket when its widest head keeps fewer than this fraction of the bucket's widest row.
 BUCKET_RATIO = 0.75
+#: The smallest block an :class:`Arena` takes from the allocator, in bytes.
+ARENA_BLOCK_BYTES = 64 * 2**20
+_ALIGN = 64  # bytes: where each buffer of an arena block starts
+
+
+class Arena:
+    """Storage for the bucket buffers of one batched answer at a time, kept for the next one.
+
+    A batched answer copies every child's kept entries into fresh buffers (hundreds of MB for 64 children of a
+    4,096-token context). On CPU, memory freed that large goes back to the OS and the next answer's buffers are
+    faulted in again page by page, which costs more than the copy into them; an arena keeps its blocks and hands
+    them out again. :meth:`reset` starts over (every buffer handed out before is then reused: call it only when
+    none is in use); the blocks stay until the arena is dropped.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[torch.Tensor] = []  # uint8, one per allocation from the allocator
+        self._block, self._offset = 0, 0
+
+    def reset(self) -> None:
+        """Hand the blocks out again from the start."""
+        self._block, self._offset = 0, 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arena holds."""
+        return sum(b.numel() for b in self.blocks)
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised contiguous tensor of ``shape`` and ``dtype`` on ``device`` from the arena's blocks."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        while self._block < len(self.blocks):
+            block = self.blocks[self._block]
+            if block.device == torch.device(device) and self._offset + nbytes <= block.numel():
+                break
+            self._block, self._offset = self._block + 1, 0
+        else:
+            self.blocks.append(torch.empty(max(nbytes, ARENA_BLOCK_BYTES), dtype=torch.uint8, device=device))
+            self._offset = 0
+        block = self.blocks[self._block]
+        out = block[self._offset : self._offset + nbytes].view(dtype).view(tuple(shape))
+        self._offset += -(-nbytes // _ALIGN) * _ALIGN
+        return out
 
 
 @dataclass
 class _Bucket:
     """Rows ``start .. stop - 1`` of the batch: ``keys`` / ``values`` ``[b, H_kv, width + extra, D]``, ``counts``
-    ``[b, H_kv]`` kept entries per row and head, ``width`` the padded kept length, ``filled`` entries written
-    after it. ``padded``: whether any row's head keeps fewer than ``width`` entries (only then is a mask
-    needed); the visibility mask over the whole buffer is built once and sliced at every step."""
+    ``[b, H_kv]`` kept entries per row and head, ``width`` the padded kept length, ``extra`` the room after it for
+    entries fed after the context, ``filled`` entries written there. ``padded``: whether any row's head keeps
+    fewer than ``width`` entries (only then is a mask needed); the visibility mask over the whole buffer is built
+    once and sliced at every step."""
 
     start: int
     stop: int
@@ -40,6 +85,7 @@ class _Bucket:
     values: torch.Tensor
     counts: torch.Tensor
     width: int
+    extra: int
     filled: int = 0
     padded: bool = field(init=False)
     _visible: torch.Tensor | None = field(init=False, default=None, repr=False)
@@ -56,8 +102,13 @@ class _Bucket:
         return self._visible[..., :length]
 
     def take(self, idx: torch.Tensor) -> None:
-        """Keep only the local rows ``idx`` (ascending)."""
-        self.keys, self.values, self.counts = self.keys[idx], self.values[idx], self.counts[idx]
+        """Keep only the local rows ``idx`` (ascending), moved down in place (the buffers may be an arena's)."""
+        for j, r in enumerate(idx.tolist()):
+            if r != j:  # r > j: row r's storage is not overwritten before it is read
+                self.keys[j].copy_(self.keys[r])
+                self.values[j].copy_(self.values[r])
+        n = len(idx)
+        self.keys, self.values, self.counts = self.keys[:n], self.values[:n], self.counts[idx]
         self.padded = bool((self.counts < self.width).any())
         self._visible = self._visible[idx] if self._visible is not None and self.padded else None
 
@@ -86,13 +137,16 @@ class BatchKV:
     position order. extra: how many entries each row will be fed after the context (question + answer tokens).
     """
 
-    def __init__(self, rows: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], extra: int) -> None:
+    def __init__(
+        self, rows: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], extra: int, arena: Arena | None = None
+    ) -> None:
         if not rows:
             raise ValueError("a batch needs at least one child")
         self.n_kv_heads = len(rows[0])
         first = rows[0][0][0]
         self.head_dim, self.dtype, self.device = first.shape[-1], first.dtype, first.device
         self.extra = extra
+        self._empty = arena.empty if arena is not None else self._fresh
         counts = torch.tensor([[len(k) for k, _ in heads] for heads in rows], dtype=torch.long)
         self.buckets = [
             self._bucket(rows[a:b], counts[a:b], a, b) for a, b in bucket_bounds(counts.max(1).values.tolist())
@@ -101,15 +155,50 @@ class BatchKV:
     def _bucket(self, rows, counts: torch.Tensor, start: int, stop: int) -> _Bucket:
         width = int(counts.max())
         shape = (stop - start, self.n_kv_heads, width + self.extra, self.head_dim)
-        keys = torch.empty(shape, dtype=self.dtype, device=self.device)
-        values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        keys = self._empty(shape, self.dtype, self.device)
+        values = self._empty(shape, self.dtype, self.device)
         for r, heads in enumerate(rows):
             for h, (k, v) in enumerate(heads):
                 keys[r, h, : len(k)] = k
                 values[r, h, : len(v)] = v
                 keys[r, h, len(k) : width] = 0  # padding: masked, but finite (0 x NaN would leak into the output)
                 values[r, h, len(v) : width] = 0
-        return _Bucket(start, stop, keys, values, counts.to(self.device), width)
+        return _Bucket(start, stop, keys, values, counts.to(self.device), width, self.extra)
+
+    @staticmethod
+    def _fresh(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+    @classmethod
+    def concat(cls, parts: Sequence["BatchKV"]) -> "BatchKV":
+        """One batch of the rows of ``parts`` (one layer's batches of several questions or contexts), in order: their
+        buckets, renumbered; each bucket keeps its own fed entries and room, so parts may have been fed different
+        numbers of question tokens."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        first = parts[0]
+        if any(
+            (p.n_kv_heads, p.head_dim, p.dtype, p.device)
+            != (first.n_kv_heads, first.head_dim, first.dtype, first.device)
+            for p in parts
+        ):
+            raise ValueError("batches of different layer shapes, dtypes or devices cannot be concatenated")
+        merged = cls.__new__(cls)
+        merged.n_kv_heads, merged.head_dim, merged.dtype, merged.device = (
+            first.n_kv_heads,
+            first.head_dim,
+            first.dtype,
+            first.device,
+        )
+        merged.extra = max(p.extra for p in parts)
+        merged.buckets, at = [], 0
+        for part in parts:
+            for bk in part.buckets:
+                rows = bk.stop - bk.start
+                bk.start, bk.stop = at, at + rows
+                at += rows
+                merged.buckets.append(bk)
+        return merged
 
     @property
     def size(self) -> int:
@@ -128,8 +217,8 @@ class BatchKV:
         for bk in self.buckets:
             rows = slice(bk.start, bk.stop)
             b = bk.stop - bk.start
-            if bk.filled + q > self.extra:
-                raise ValueError(f"fed {bk.filled + q} entries after the context; the batch has room for {self.extra}")
+            if bk.filled + q > bk.extra:
+                raise ValueError(f"fed {bk.filled + q} entries after the context; the batch has room for {bk.extra}")
             at = bk.width + bk.filled
             bk.keys[:, :, at : at + q] = key[rows]
             bk.values[:, :, at : at + q] = value[rows]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -30,6 +31,7 @@ from transformers.cache_utils import DynamicLayer
 from kvbench.engines.attention import ATTN_IMPL, RaggedKV, register_attention
 from kvbench.engines.base import (
     Answer,
+    AnswerGroup,
     ChildSession,
     EngineBase,
     ForkStats,
@@ -38,7 +40,7 @@ from kvbench.engines.base import (
     check_context_sha,
     is_real_fork,
 )
-from kvbench.engines.batch_kv import BatchKV
+from kvbench.engines.batch_kv import Arena, BatchKV
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import fingerprint as model_fingerprint
@@ -106,6 +108,7 @@ class TorchEngine(EngineBase):
         self.head_dim = self.adapter.attn[0].head_dim
         self.max_context = int(text_config.max_position_embeddings)
         self._sessions: dict[str, TorchParent | TorchChild] = {}
+        self._arena = Arena()  # bucket buffers of batched answers on CPU (kept between answers: see Arena)
 
     @property
     def fingerprint(self) -> str:
@@ -283,48 +286,92 @@ class TorchEngine(EngineBase):
 
             return self.greedy(out.logits[0, -1], step, max_new_tokens, stops, return_logits, start)
 
-    @torch.no_grad()
-    def _answer_batch(
-        self,
-        parent: TorchParent,
-        children_kv: Sequence[Sequence],
-        question_ids: Sequence[int],
-        max_new_tokens: int,
-        stop_ids: Sequence[int] | None,
-    ) -> list[Answer]:
-        """The greedy answers of several children (``children_kv[i]``: child ``i``'s layers) to one question, in
-        one batched loop: the same stopping rule as :meth:`EngineBase.greedy`, row by row; a row whose answer
-        ended leaves the batch. Rows are ordered widest child first, so buckets group similar kept counts."""
-        if len(question_ids) == 0:
+    def close(self) -> None:
+        """Release every live session and the arena's buffers."""
+        super().close()
+        self._arena = Arena()
+
+    def answer_groups(self, groups: Sequence[AnswerGroup], stop_ids: Sequence[int] | None = None) -> list[list[Answer]]:
+        """Every group's children answer in one batched greedy loop (:meth:`_answer_groups`): groups of different
+        parents (contexts) and questions decode together, which keeps the batch full when each group's tail is a
+        few long answers. One child in all: the one-at-a-time path."""
+        for group in groups:
+            if getattr(group.parent, "engine", None) is not self:
+                raise ProtocolError(f"parent {group.parent.session_id} is not a session of this engine")
+        if sum(len(g.children) for g in groups) == 1 or len(groups) == 1:  # each parent's own answer_children
+            return super().answer_groups(groups, stop_ids)
+        for group in groups:
+            group.parent._check_children(group.children, group.context_sha256)
+        lanes = [_Lane(g.parent, [c.layers for c in g.children], g.question_ids, g.max_new_tokens) for g in groups]
+        return self._answer_groups(lanes, stop_ids)
+
+    def _question_block(self, lane: _Lane) -> _Block:
+        """Feed ``lane``'s question to all its children at once (one forward): their batch (per attention layer a
+        :class:`BatchKV`, rows widest child first), a cache holding the GDN states after the question, and the
+        next-token logits ``[rows, vocab]``."""
+        if len(lane.question_ids) == 0:
             raise KvbenchError("empty question: nothing to feed after the context")
+        parent, size, T = lane.parent, len(lane.children_kv), len(lane.question_ids)
+        entries = [[_head_entries(layer) for layer in layers] for layers in lane.children_kv]  # [child][f][h]: (K, V)
+        kept = [sum(len(k) for heads in child for k, _ in heads) for child in entries]
+        order = sorted(range(size), key=lambda i: -kept[i])  # batch row -> child
+        extra = T + lane.max_new_tokens
+        arena = self._arena if self.device.type == "cpu" else None  # elsewhere the caching allocator keeps memory
+        batch = [BatchKV([entries[i][f] for i in order], extra, arena) for f in range(parent.n_attn_layers)]
+        cache = self._batch_cache(parent, size)
+        ids = torch.tensor([list(lane.question_ids)] * size, device=self.device)
+        positions = torch.arange(parent.n, parent.n + T, device=self.device)[None].expand(size, -1)
+        with self._batched_layers(batch):
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=positions)
+        return _Block(batch, cache, order, out.logits[:, -1], parent.n + T)
+
+    def _merge_caches(self, blocks: Sequence[_Block], gdn_layer_ids: Sequence[int]):
+        """One cache over the rows of every block, in order: each GDN layer's conv and recurrent states
+        concatenated along the batch (the blocks' attention layers only pass fed entries on to the batch)."""
+        if len(blocks) == 1:
+            return blocks[0].cache
+        cache = copy.copy(blocks[0].cache)
+        cache.layers = list(cache.layers)
+        for layer_idx in gdn_layer_ids:
+            layers = [b.cache.layers[layer_idx] for b in blocks]
+            merged = copy.copy(layers[0])
+            for name, value in vars(layers[0]).items():
+                if isinstance(value, dict) and value and all(isinstance(t, torch.Tensor) for t in value.values()):
+                    setattr(merged, name, {k: torch.cat([vars(lay)[name][k] for lay in layers]) for k in value})
+            cache.layers[layer_idx] = merged
+        return cache
+
+    @torch.no_grad()
+    def _answer_groups(self, lanes: Sequence[_Lane], stop_ids: Sequence[int] | None) -> list[list[Answer]]:
+        """The greedy answers of several lanes (a lane: children of one parent and one question; lanes may differ
+        in parent, question and budget) in one batched loop: each lane's question is fed in its own forward
+        (:meth:`_question_block`), then every lane's rows decode together, one forward per step, each row at its own
+        position; the same stopping rule as :meth:`EngineBase.greedy`, row by row (a row's budget is its lane's);
+        a row whose answer ended leaves the batch. Returns per lane its children's answers, in their order."""
         self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
-        size, T, device = len(children_kv), len(question_ids), self.device
-        start = time.perf_counter()
-        entries = [[_head_entries(layer) for layer in layers] for layers in children_kv]  # [child][f][h]: (K, V)
-        kept = [sum(len(k) for heads in child for k, _ in heads) for child in entries]
-        rows = sorted(range(size), key=lambda i: -kept[i])  # batch row -> child
-        batch = [BatchKV([entries[i][f] for i in rows], extra=T + max_new_tokens) for f in range(parent.n_attn_layers)]
-        cache = self._batch_cache(parent, size)
-        generated: list[list[int]] = [[] for _ in range(size)]
-        stopped = [False] * size
-
-        def forward(ids: torch.Tensor, pos: int) -> torch.Tensor:  # ids [rows, t] -> next-token logits [rows, vocab]
-            positions = torch.arange(pos, pos + ids.shape[1], device=device)[None].expand(ids.shape[0], -1)
-            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=positions)
-            return out.logits[:, -1]
-
+        device, start = self.device, time.perf_counter()
+        self._arena.reset()  # no batch of an earlier answer is in use any more
+        blocks = [self._question_block(lane) for lane in lanes]
+        batch = [BatchKV.concat([b.batch[f] for b in blocks]) for f in range(len(blocks[0].batch))]
+        cache = self._merge_caches(blocks, lanes[0].parent.gdn_layer_ids)
+        rows = [(k, i) for k, b in enumerate(blocks) for i in b.order]  # batch row -> (lane, child)
+        budget = [lanes[k].max_new_tokens for k, _ in rows]
+        next_pos = torch.tensor([blocks[k].next_position for k, _ in rows], device=device)
+        logits = torch.cat([b.logits for b in blocks]) if len(blocks) > 1 else blocks[0].logits
+        generated = [[[] for _ in lane.children_kv] for lane in lanes]
+        stopped = [[False] * len(lane.children_kv) for lane in lanes]
         with self._batched_layers(batch):
-            logits = forward(torch.tensor([list(question_ids)] * size, device=device), parent.n)
-            for i in range(max_new_tokens):
+            for i in range(max(budget)):
                 tokens = logits.argmax(-1).tolist()
                 live = []
                 for r, token in enumerate(tokens):
+                    k, c = rows[r]
                     if token in stops:
-                        stopped[rows[r]] = True
+                        stopped[k][c] = True
                         continue
-                    generated[rows[r]].append(token)
-                    if i < max_new_tokens - 1:
+                    generated[k][c].append(token)
+                    if i < budget[r] - 1:
                         live.append(r)
                 if not live:
                     break
@@ -332,15 +379,47 @@ class TorchEngine(EngineBase):
                     keep = torch.tensor(live, device=device)
                     for kv in batch:
                         kv.select(keep)
-                    for layer_idx in parent.gdn_layer_ids:
+                    for layer_idx in lanes[0].parent.gdn_layer_ids:
                         cache.layers[layer_idx].reorder_cache(keep)
-                    rows, tokens = [rows[r] for r in live], [tokens[r] for r in live]
-                logits = forward(torch.tensor(tokens, device=device)[:, None], parent.n + T + i)
+                    rows, budget, next_pos = [rows[r] for r in live], [budget[r] for r in live], next_pos[keep]
+                    tokens = [tokens[r] for r in live]
+                ids = torch.tensor(tokens, device=device)[:, None]
+                out = self.model(
+                    input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=(next_pos + i)[:, None]
+                )
+                logits = out.logits[:, -1]
+        size = sum(len(lane.children_kv) for lane in lanes)
         seconds = (time.perf_counter() - start) / size
         return [
-            Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size)
-            for ids, stop in zip(generated, stopped, strict=True)
+            [
+                Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size)
+                for ids, stop in zip(lane_ids, lane_stopped, strict=True)
+            ]
+            for lane_ids, lane_stopped in zip(generated, stopped, strict=True)
         ]
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """Children of one parent answering one question together: ``children_kv[i]`` child ``i``'s compacted layers."""
+
+    parent: TorchParent
+    children_kv: Sequence[Sequence]
+    question_ids: Sequence[int]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A lane after its question: ``batch`` its rows' entries per attention layer, ``cache`` their GDN states,
+    ``order`` batch row -> child index, ``logits`` ``[rows, vocab]`` the first answer token's, ``next_position``
+    the position of the first answer token."""
+
+    batch: list[BatchKV]
+    cache: object
+    order: list[int]
+    logits: torch.Tensor
+    next_position: int
 
 
 class _FedEntriesLayer(DynamicLayer):
@@ -457,10 +536,8 @@ class TorchParent(ParentSession):
             real_fork=is_real_fork(child, parent, kept_entries * entry_bytes),
         )
 
-    def answer_children(self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None) -> list[Answer]:
-        """One question answered by every child of ``children`` in one batched greedy loop (one child alone: the
-        one-at-a-time path, :meth:`TorchChild.answer`). The tokens equal each child's own answer's up to float
-        rounding of the batched kernels (the tests hold them token-identical in float32)."""
+    def _check_children(self, children: Sequence, context_sha256: str) -> None:
+        """Refuse children that are not live :class:`TorchChild` ren of this live parent, or another context's hash."""
         self._check_live()
         check_context_sha(self.sha256, context_sha256)
         for child in children:
@@ -470,15 +547,23 @@ class TorchParent(ParentSession):
             child._check_live()
             if not isinstance(child, TorchChild):
                 raise ProtocolError(f"child {child.session_id} holds no compacted layers to batch (not a TorchChild)")
+
+    def answer_children(self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None) -> list[Answer]:
+        """One question answered by every child of ``children`` in one batched greedy loop (one child alone: the
+        one-at-a-time path, :meth:`TorchChild.answer`). The tokens equal each child's own answer's up to float
+        rounding of the batched kernels (the tests hold them token-identical in float32)."""
+        self._check_children(children, context_sha256)
         if len(children) == 1:  # alone: the base's one-at-a-time path
             return super().answer_children(
                 children, question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids
             )
-        return self.engine._answer_batch(self, [c.layers for c in children], question_ids, max_new_tokens, stop_ids)
+        lane = _Lane(self, [c.layers for c in children], question_ids, max_new_tokens)
+        return self.engine._answer_groups([lane], stop_ids)[0]
 
-    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int) -> int:
+    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int, *, forked: bool = False) -> int:
         """How many children fit at once in :data:`BATCH_MEMORY_SHARE` of the memory free now, each counted at its
-        worst: a full-cache child's storage plus its padded rows in the batch, and its GDN states."""
+        worst: a full-cache child's storage (unless ``forked``: it exists already) plus its padded rows in the
+        batch, and its GDN states."""
         self._check_live()
         full = self._full_kv()
         per_entry = sum(2 * k.shape[1] * k.shape[-1] * k.element_size() for k, _ in full)  # one position, all layers
@@ -487,7 +572,8 @@ class TorchParent(ParentSession):
             layer = self.cache.layers[layer_idx]
             for states in (layer.conv_states, layer.recurrent_states):
                 gdn += sum(t.numel() * t.element_size() for t in states.values() if t is not None)
-        per_child = per_entry * (2 * self.n + question_tokens + max_new_tokens) + gdn
+        storage = 0 if forked else self.n
+        per_child = per_entry * (storage + self.n + question_tokens + max_new_tokens) + gdn
         return max(1, int(BATCH_MEMORY_SHARE * free_memory_bytes(self.engine.device)) // per_child)
 
     def release(self) -> None:
