@@ -12,8 +12,10 @@ ratio, and how many children's token ids are identical (any that differ are list
 
 **Part B, end to end** (unless ``--skip-sweep``). ``kvbench.runner.run`` on RULER at ``--length``, ``--tasks``
 (default every RULER task whose data is here: qa_1 / qa_2 need SQuAD / HotpotQA) x ``--items`` items, methods
-gatesight, snapkv, triattention, keydiff, kvzip, random at the nine p plus full, twice: ``answer_batch=1`` (each child
-alone, ``--serial-items`` items) and ``answer_batch=None`` (every child of a context in one batch). Questions answer
+gatesight, snapkv, triattention, keydiff, kvzip, random at the nine p plus full, three times: ``answer_batch=1``
+(``serial``: each child alone, ``--serial-items`` items), the default (``batched``: every child of a context in one
+batch, one context at a time) and ``answer_contexts=4`` (``pooled``: up to 4 contexts' children in one decode, as
+memory allows). Questions answer
 up to their task's ``max_new_tokens`` (``--new-tokens`` is Part A's only). Reported per mode: wall time, contexts,
 rows, seconds per row and per context, the summed ``answer_s`` of the rows; the ratio; whether predictions agree row
 by row (rows matched on model, method, allocation, p, task, item, question). Paper scale (13 tasks x 100 items, the
@@ -164,7 +166,13 @@ def part_a(lm: LoadedModel, args: argparse.Namespace) -> float:
 
 
 def sweep(
-    lm: LoadedModel, args: argparse.Namespace, out: Path, items: int, answer_batch: int | None, tasks: list[str]
+    lm: LoadedModel,
+    args: argparse.Namespace,
+    out: Path,
+    items: int,
+    answer_batch: int | None,
+    tasks: list[str],
+    answer_contexts: int | None = None,
 ) -> dict:
     """One ``runner.run`` of Part B into the empty directory ``out``: its wall time, counts and rows."""
     if out.exists() and any(out.iterdir()):
@@ -180,6 +188,7 @@ def sweep(
         length=args.length,
         seed=args.seed,
         answer_batch=answer_batch,
+        answer_contexts=answer_contexts,
         threads=args.threads,
     )
     start = time.perf_counter()
@@ -194,6 +203,7 @@ def part_b(lm: LoadedModel, args: argparse.Namespace, out: Path) -> tuple[float,
     modes = {
         "serial": sweep(lm, args, out / "serial", args.serial_items, 1, args.serial_tasks),
         "batched": sweep(lm, args, out / "batched", args.items, None, args.tasks),
+        "pooled": sweep(lm, args, out / "pooled", args.items, None, args.tasks, answer_contexts=4),
     }
     paper_contexts = PAPER_TASKS * PAPER_ITEMS
     print(
@@ -216,12 +226,16 @@ def part_b(lm: LoadedModel, args: argparse.Namespace, out: Path) -> tuple[float,
         )
     s_row = modes["serial"]["wall"] / len(modes["serial"]["rows"])
     b_row = modes["batched"]["wall"] / len(modes["batched"]["rows"])
-    print(f"  per-row speed-up batched/serial: {s_row / b_row:.2f}x")
+    p_row = modes["pooled"]["wall"] / len(modes["pooled"]["rows"])
+    print(f"  per-row speed-up batched/serial: {s_row / b_row:.2f}x (pooled/serial: {s_row / p_row:.2f}x)")
     serial_rows = {tuple(r[k] for k in IDENTITY): r for r in modes["serial"]["rows"]}
     batched_rows = {tuple(r[k] for k in IDENTITY): r for r in modes["batched"]["rows"]}
     common = sorted(serial_rows.keys() & batched_rows.keys(), key=str)
     differ = [k for k in common if serial_rows[k]["prediction"] != batched_rows[k]["prediction"]]
     print(f"  predictions identical on {len(common) - len(differ)}/{len(common)} rows present in both runs")
+    pooled_rows = {tuple(r[k] for k in IDENTITY): r["prediction"] for r in modes["pooled"]["rows"]}
+    same = sum(pooled_rows.get(k) == r["prediction"] for k, r in batched_rows.items())
+    print(f"  pooled vs batched: predictions identical on {same}/{len(batched_rows)} rows")
     for k in differ[:20]:
         s, b = serial_rows[k]["prediction"], batched_rows[k]["prediction"]
         print(f"    DIFFERS {dict(zip(IDENTITY, k, strict=True))}: serial {s!r} vs batched {b!r}")
