@@ -122,8 +122,7 @@ def run(
         None,
         "--answer-contexts",
         help="Contexts whose children answer together in one batched decode (torch engine, without --answer-batch), "
-        "fewer when the memory bound is reached; default 1: each context's children on their own (on CPU pooling "
-        "measured no faster; see docs/engines.md).",
+        "fewer when the memory bound is reached; 1 answers each context's children on their own. Default 4.",
     ),
     data_dir: Optional[Path] = typer.Option(
         None, "--data-dir", help="External data directory (ruler/, scbench/); default $KVBENCH_DATA_DIR."

@@ -72,7 +72,7 @@ class RunConfig:
     threads: int | None = None
     method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
     answer_batch: int | None = None  # children answering together; None: all of a context that fit in memory
-    answer_contexts: int | None = None  # contexts whose children answer together (AnswerPool); None: 1
+    answer_contexts: int | None = None  # contexts whose children answer together (AnswerPool); None: ANSWER_CONTEXTS
 
 
 @dataclass
@@ -125,8 +125,8 @@ def validate(config: RunConfig) -> list[PlanEntry]:
         )
     if config.answer_contexts is not None and config.answer_contexts < 1:
         raise KvbenchError(
-            f"--answer-contexts {config.answer_contexts}: need at least 1 (1, the default, answers each context's "
-            "children on their own)"
+            f"--answer-contexts {config.answer_contexts}: need at least 1 (1 answers each context's children on their "
+            f"own; omit it for {ANSWER_CONTEXTS})"
         )
     if config.answer_contexts is not None and config.answer_contexts > 1 and config.answer_batch is not None:
         raise KvbenchError(
@@ -830,12 +830,16 @@ def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]
             child.session.release()
 
 
+#: Contexts whose children answer together (:class:`AnswerPool`) unless ``--answer-contexts`` says otherwise.
+ANSWER_CONTEXTS = 4
+
+
 def _pool_size(config: RunConfig, engine: EngineBase) -> int:
-    """How many contexts an :class:`AnswerPool` of this run holds: ``--answer-contexts`` (default 1: none pooled);
-    1 with ``--answer-batch`` or an engine without a batched decode."""
+    """How many contexts an :class:`AnswerPool` of this run holds: ``--answer-contexts`` (default
+    :data:`ANSWER_CONTEXTS`); 1 (none pooled) with ``--answer-batch`` or an engine without a batched decode."""
     if config.answer_batch is not None or not engine.batches_children:
         return 1
-    return config.answer_contexts or 1
+    return ANSWER_CONTEXTS if config.answer_contexts is None else config.answer_contexts
 
 
 class AnswerPool:

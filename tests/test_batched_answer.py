@@ -308,15 +308,15 @@ def test_runner_batched_rows_equal_one_at_a_time_and_resume_each_other(tmp_path)
 
 
 def test_runner_pools_contexts_and_rows_equal_one_at_a_time(tmp_path):
-    """Several contexts' children answer in one decode (--answer-contexts K): the rows hold the predictions of
-    --answer-batch 1; each row records the size of the decode it came from (all children of the pooled contexts);
-    K = 2 splits 3 contexts into decodes of 2 and 1 contexts; the default pools nothing."""
+    """Several contexts' children answer in one decode (--answer-contexts, default 4): the rows hold the
+    predictions of --answer-batch 1; each row records the size of the decode it came from (all children of the
+    pooled contexts); 2 splits 3 contexts into decodes of 2 and 1 contexts; 1 pools nothing."""
     lm = load_model("tiny-random")
     base = dict(methods=["full", "random"], bench="needle", ps=[0.5, 0.1], model="tiny-random", limit=3, length=640)
     runner.run(RunConfig(**base, out=tmp_path / "one", answer_batch=1), lm=lm)
     serial = _rows(tmp_path / "one")
     per_context = 3  # full + random at two p
-    for contexts, sizes in ((4, {3 * per_context}), (2, {2 * per_context, per_context}), (None, {per_context})):
+    for contexts, sizes in ((None, {3 * per_context}), (2, {2 * per_context, per_context}), (1, {per_context})):
         out = tmp_path / f"pooled-{contexts}"
         summary = runner.run(RunConfig(**base, out=out, answer_contexts=contexts), lm=lm)
         rows = _rows(out)
