@@ -30,7 +30,9 @@ from kvbench.runner import RunConfig, RunSummary
 
 from .test_cli import kvbench
 
-TIMINGS = ("prefill_s", "score_s", "fork_s", "answer_s")
+# how a row was computed, not what: timings and the size of the decode it came from (a single process pools the
+# contexts that two shards answer apart)
+TIMINGS = ("prefill_s", "score_s", "fork_s", "answer_s", "answer_batch")
 RUN = ("run", "--model", "tiny-random", "--bench", "needle", "--length", "900", "--threads", "1")
 NEEDS_RAY = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
@@ -52,9 +54,18 @@ def without_timings(rows: list[dict]) -> dict[tuple, dict]:
 
 
 def four_contexts(out: Path) -> RunConfig:
-    """needle, ``full`` only: 4 contexts of one question each (2 per shard with 2 workers)."""
+    """needle, ``full`` only: 4 contexts of one question each (2 per shard with 2 workers), each context's row
+    written as soon as it is answered (``answer_contexts=1``: a kill lands between two contexts' rows)."""
     return RunConfig(
-        methods=["full"], bench="needle", ps=[1.0], out=out, model="tiny-random", limit=4, length=900, threads=1
+        methods=["full"],
+        bench="needle",
+        ps=[1.0],
+        out=out,
+        model="tiny-random",
+        limit=4,
+        length=900,
+        threads=1,
+        answer_contexts=1,
     )
 
 
