@@ -732,11 +732,17 @@ def _batch_size(run: RunState, parent: ParentContext) -> int:
     and it may hold live at once."""
     if run.config.answer_batch is not None:
         return run.config.answer_batch
-    session, rendered = parent.session, parent.rendered
-    question_tokens = max(len(ids) for ids in rendered.question_ids)
-    max_new = max(q.max_new_tokens for q in parent.ctx.questions)
-    limit = session.answer_batch_limit(question_tokens, max_new)
+    session = parent.session
+    limit = _memory_limit(parent)
     return max(1, min(limit, session.max_live_children or limit))
+
+
+def _memory_limit(parent: ParentContext, *, forked: bool = False) -> int:
+    """The engine's estimate of how many children of ``parent`` fit in memory answering its longest question with
+    its largest answer budget (:meth:`ParentSession.answer_batch_limit`; ``forked``: the children exist already)."""
+    question_tokens = max(len(ids) for ids in parent.rendered.question_ids)
+    max_new = max(q.max_new_tokens for q in parent.ctx.questions)
+    return parent.session.answer_batch_limit(question_tokens, max_new, forked=forked)
 
 
 def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInput | None = None) -> Scored:
@@ -807,8 +813,8 @@ def _write(run: RunState, asked: Asked, answers: Sequence[Answer]) -> None:
 
 def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
     """Fork ``parent`` once per unit, then per question answer it from every child that has it pending, all of them
-    in one :meth:`ParentSession.answer_children` call (one batched decode on an engine that batches), and append
-    their rows; release the children."""
+    in one :meth:`EngineBase.answer_groups` call of one group (its parent's ``answer_children``: one batched decode
+    on an engine that batches), and append their rows; release the children."""
     ctx = parent.ctx
     children = _fork(run, parent, units)
     try:
@@ -817,14 +823,7 @@ def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]
             alone = f"{unit.scored.method.name} [{child.allocation}] p={child.p}"
             who = alone if len(asked.answering) == 1 else f"{len(asked.answering)} children"
             run.say(f"{ctx.task} #{ctx.item} q={q.qid}: {who}")
-            group = asked.group()
-            answers = parent.session.answer_children(
-                group.children,
-                group.question_ids,
-                max_new_tokens=group.max_new_tokens,
-                context_sha256=group.context_sha256,
-            )
-            _write(run, asked, answers)
+            _write(run, asked, run.engine.answer_groups([asked.group()])[0])
     finally:
         for child in children:
             child.session.release()
@@ -876,18 +875,9 @@ class AnswerPool:
             parent.session.release()
             raise
         rows = sum(len(u.questions) for u in units)
-        if self.held and self.rows + rows > self._room(parent):
+        if self.held and self.rows + rows > _memory_limit(parent, forked=True):  # the rows' batch buffers, GDN states
             self.flush()
         self.held.append((parent, children, _asked(parent, units, children)))
-
-    @staticmethod
-    def _room(parent: ParentContext) -> int:
-        """The rows one decode may hold now that ``parent``'s children are forked: what answering adds per row
-        (its batch buffers, GDN states) against the memory still free."""
-        rendered, questions = parent.rendered, parent.ctx.questions
-        question_tokens = max(len(ids) for ids in rendered.question_ids)
-        max_new = max(q.max_new_tokens for q in questions)
-        return parent.session.answer_batch_limit(question_tokens, max_new, forked=True)
 
     def flush(self) -> None:
         """Answer every held question in one decode, write the rows, release what the pool holds."""

@@ -56,7 +56,7 @@ class Arena:
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialised contiguous tensor of ``shape`` and ``dtype`` on ``device`` from the arena's blocks."""
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         while self._block < len(self.blocks):
             block = self.blocks[self._block]
             if block.device == torch.device(device) and self._offset + nbytes <= block.numel():
@@ -145,52 +145,45 @@ class BatchKV:
         self.n_kv_heads = len(rows[0])
         first = rows[0][0][0]
         self.head_dim, self.dtype, self.device = first.shape[-1], first.dtype, first.device
-        self.extra = extra
-        self._empty = arena.empty if arena is not None else self._fresh
+        empty = arena.empty if arena is not None else self._fresh
         counts = torch.tensor([[len(k) for k, _ in heads] for heads in rows], dtype=torch.long)
         self.buckets = [
-            self._bucket(rows[a:b], counts[a:b], a, b) for a, b in bucket_bounds(counts.max(1).values.tolist())
+            self._bucket(rows[a:b], counts[a:b], a, b, extra, empty)
+            for a, b in bucket_bounds(counts.max(1).values.tolist())
         ]
 
-    def _bucket(self, rows, counts: torch.Tensor, start: int, stop: int) -> _Bucket:
+    def _bucket(self, rows, counts: torch.Tensor, start: int, stop: int, extra: int, empty) -> _Bucket:
         width = int(counts.max())
-        shape = (stop - start, self.n_kv_heads, width + self.extra, self.head_dim)
-        keys = self._empty(shape, self.dtype, self.device)
-        values = self._empty(shape, self.dtype, self.device)
+        shape = (stop - start, self.n_kv_heads, width + extra, self.head_dim)
+        keys = empty(shape, self.dtype, self.device)
+        values = empty(shape, self.dtype, self.device)
         for r, heads in enumerate(rows):
             for h, (k, v) in enumerate(heads):
                 keys[r, h, : len(k)] = k
                 values[r, h, : len(v)] = v
                 keys[r, h, len(k) : width] = 0  # padding: masked, but finite (0 x NaN would leak into the output)
                 values[r, h, len(v) : width] = 0
-        return _Bucket(start, stop, keys, values, counts.to(self.device), width, self.extra)
+        return _Bucket(start, stop, keys, values, counts.to(self.device), width, extra)
 
     @staticmethod
     def _fresh(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=device)
 
+    def _layout(self) -> tuple:
+        return self.n_kv_heads, self.head_dim, self.dtype, self.device
+
     @classmethod
     def concat(cls, parts: Sequence["BatchKV"]) -> "BatchKV":
         """One batch of the rows of ``parts`` (one layer's batches of several questions or contexts), in order: their
         buckets, renumbered; each bucket keeps its own fed entries and room, so parts may have been fed different
-        numbers of question tokens."""
+        numbers of question tokens. The parts give their buckets up: use only the result afterwards."""
         if not parts:
             raise ValueError("nothing to concatenate")
-        first = parts[0]
-        if any(
-            (p.n_kv_heads, p.head_dim, p.dtype, p.device)
-            != (first.n_kv_heads, first.head_dim, first.dtype, first.device)
-            for p in parts
-        ):
+        layout = parts[0]._layout()
+        if any(p._layout() != layout for p in parts):
             raise ValueError("batches of different layer shapes, dtypes or devices cannot be concatenated")
         merged = cls.__new__(cls)
-        merged.n_kv_heads, merged.head_dim, merged.dtype, merged.device = (
-            first.n_kv_heads,
-            first.head_dim,
-            first.dtype,
-            first.device,
-        )
-        merged.extra = max(p.extra for p in parts)
+        merged.n_kv_heads, merged.head_dim, merged.dtype, merged.device = layout
         merged.buckets, at = [], 0
         for part in parts:
             for bk in part.buckets:
