@@ -12,7 +12,7 @@
 # prefix_suffix, vt; several questions per context, each a target), keeping RULER's tasks in the mix. By
 # default they start from the SHIPPED weights (kvbench/builtin/<name>, bf16) and stages 1-7 are not run;
 # FROM_SCRATCH=1 runs stages 1-7 first and starts stage 8 from the last of them instead. Shipped weights already
-# trained past 1,024 tokens (the export of stage 9: tiny-trained since issue 31) are refused without FROM_SCRATCH=1.
+# trained past 1,024 tokens (the export of stage 9: both models since issue 31) are refused without FROM_SCRATCH=1.
 # Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,7 +93,7 @@ if [ "${FROM_SCRATCH:-0}" = 1 ]; then
   INIT8="$OUT/stage6/final"
   [ "$ARCH" = qwen3_5 ] && INIT8="$OUT/stage7/final"
 else
-  INIT8="kvbench/builtin/$NAME"  # the shipped weights (the export of stage 6 / 7)
+  INIT8="kvbench/builtin/$NAME"  # the shipped weights (the export of stage 6 / 7 before issue 31)
   shipped_len=$(grep -o '"context_length": *[0-9]*' "$INIT8/kvbench_builtin.json" | grep -o '[0-9]*$' || echo 0)
   if [ "${shipped_len:-0}" -gt 1024 ]; then  # already the export of stage 9: stages 8-9 on it would train them twice
     echo "$INIT8 is already trained to $shipped_len tokens (the export of stage 9; its training_args.json lists" \
