@@ -220,7 +220,7 @@ def test_ragged_attention_against_explicit_softmax(q_len):
     H, H_kv, extra, D = 4, 2, 3, 8
     counts = [0, 5]
     packed_k, packed_v = torch.randn(sum(counts), D), torch.randn(sum(counts), D)
-    ragged = RaggedKV(packed_k, packed_v, counts)
+    ragged = RaggedKV(packed_k, packed_v, counts).with_room(extra)
     query, key, value = torch.randn(1, H, q_len, D), torch.randn(1, H_kv, extra, D), torch.randn(1, H_kv, extra, D)
 
     class Mod:
@@ -237,6 +237,46 @@ def test_ragged_attention_against_explicit_softmax(q_len):
             visible = len(keys) - q_len + t + 1
             w = torch.softmax(keys[:visible] @ query[0, h, t] * D**-0.5, 0)
             torch.testing.assert_close(out[0, t, h], w @ values[:visible], atol=1e-5, rtol=1e-5)
+
+
+def test_ragged_room_copies_the_kept_entries_once_and_bounds_what_is_fed():
+    """with_room: new storage holding the kept entries, the child's untouched by feeding; feed returns the kept
+    entries then the fed ones; more than the room is an error."""
+    torch.manual_seed(1)
+    counts, D = [2, 4], 3
+    packed_k, packed_v = torch.randn(sum(counts), D), torch.randn(sum(counts), D)
+    child = RaggedKV(packed_k.clone(), packed_v.clone(), counts)
+    work = child.with_room(2)
+    assert work.keys.shape == (sum(counts) + 2 * 2, D) and work.keys.data_ptr() != child.keys.data_ptr()
+    fed_k, fed_v = torch.randn(2, D), torch.randn(2, D)
+    k, v = work.feed(1, fed_k, fed_v)
+    assert torch.equal(k, torch.cat([packed_k[2:], fed_k])) and torch.equal(v, torch.cat([packed_v[2:], fed_v]))
+    k0, _ = work.feed(0, fed_k[:1], fed_v[:1])
+    assert torch.equal(k0, torch.cat([packed_k[:2], fed_k[:1]]))
+    assert torch.equal(work.head_keys(1), packed_k[2:])  # head 0's room is not head 1's entries
+    assert torch.equal(child.keys, packed_k) and torch.equal(child.values, packed_v)
+    with pytest.raises(ValueError, match="room for 2"):
+        work.feed(0, torch.randn(3, D), torch.randn(3, D))
+    with pytest.raises(ValueError, match="need"):
+        RaggedKV(packed_k, packed_v, counts, room=1)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_answers_leave_the_child_storage_as_forked(engine, ragged):
+    """Answering writes into per-answer copies: the child's kept tensors are unchanged, and a second answer of the
+    same question is the same (nothing fed before leaks into it)."""
+    parent = engine.prefill(_ids(N_CTX, seed=9), prot=4)
+    scores = [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)]
+    kept = budgets.select_per_head(scores, [120] * parent.n_attn_layers, parent.prot)
+    if ragged:
+        kept = [[idx if h else idx[:-7] for h, idx in enumerate(heads)] for heads in kept]
+    child = parent.fork(kept)
+    assert any(isinstance(kv, RaggedKV) for kv in child.layers) == ragged
+    before = [t.clone() for kv in child.layers for t in (kv.tensors() if isinstance(kv, RaggedKV) else kv)]
+    first, second = _answer(child, parent.sha256), _answer(child, parent.sha256)
+    after = [t for kv in child.layers for t in (kv.tensors() if isinstance(kv, RaggedKV) else kv)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert first.token_ids == second.token_ids and torch.equal(first.step_logits, second.step_logits)
 
 
 # --- memory ---------------------------------------------------------------------------------------------

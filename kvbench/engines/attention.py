@@ -81,17 +81,20 @@ def _causal(q_len: int, kv_len: int, device) -> tuple[torch.Tensor | None, bool]
 def _ragged_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ragged: RaggedKV, scale) -> torch.Tensor:
     """Attention over ragged per-head storage: KV head ``h`` sees its ``counts[h]`` kept entries followed by
     the ``t`` entries fed after the context (``key``/``value`` ``[1, H_kv, t, D]``), bottom-right causal.
-    query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA call per KV head (no padding anywhere)."""
+    query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA call per KV head (no padding anywhere).
+    ``ragged`` needs room for the ``t`` fed entries (:meth:`RaggedKV.with_room`): they are written in place
+    after the kept ones, so a decoding step copies no kept entry."""
     H_kv = key.shape[1]
     n_rep = query.shape[1] // H_kv
     out = []
     for h in range(H_kv):
-        k = torch.cat([ragged.head_keys(h), key[0, h]])[None, None]  # [1, 1, K_h + t, D]
-        v = torch.cat([ragged.head_values(h), value[0, h]])[None, None]
-        mask, is_causal = _causal(query.shape[2], k.shape[2], query.device)
+        k, v = ragged.feed(h, key[0, h], value[0, h])
+        mask, is_causal = _causal(query.shape[2], k.shape[0], query.device)
         q = query[:, h * n_rep : (h + 1) * n_rep]
         out.append(
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True)
+            F.scaled_dot_product_attention(
+                q, k[None, None], v[None, None], attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+            )
         )
     return torch.cat(out, 1)
 
@@ -140,22 +143,49 @@ def sdpa_with_lse(query, key, value, scale, fused: bool | None = None) -> tuple[
 class RaggedKV:
     """A child attention layer whose KV heads keep different counts, stored without padding.
 
-    keys / values ``[sum(counts), D]``: head ``h``'s kept entries (in position order) at rows
-    ``offsets[h] .. offsets[h] + counts[h] - 1``.
+    keys / values ``[sum(counts) + H_kv * room, D]``: head ``h``'s kept entries (in position order) at rows
+    ``offsets[h] .. offsets[h] + counts[h] - 1``, then ``room`` rows for entries fed after the context. A child
+    stores its layer with ``room = 0`` (exactly the kept entries); an answer works on a copy with room
+    (:meth:`with_room`), written in place as the question and answer tokens are fed (:meth:`feed`).
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: Sequence[int]) -> None:
-        self.keys, self.values, self.counts = keys, values, list(counts)
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: Sequence[int], room: int = 0) -> None:
+        self.keys, self.values, self.counts, self.room = keys, values, list(counts), room
         self.offsets = [0]
         for c in self.counts:
-            self.offsets.append(self.offsets[-1] + c)
+            self.offsets.append(self.offsets[-1] + c + room)
+        if keys.shape[0] != self.offsets[-1] or values.shape[0] != self.offsets[-1]:
+            raise ValueError(f"ragged storage of {keys.shape[0]} rows; counts {self.counts} with room {room} need "
+                             f"{self.offsets[-1]}")  # fmt: skip
 
     def head_keys(self, h: int) -> torch.Tensor:
         """``[counts[h], D]``, a view into :attr:`keys`."""
-        return self.keys[self.offsets[h] : self.offsets[h + 1]]
+        return self.keys[self.offsets[h] : self.offsets[h] + self.counts[h]]
 
     def head_values(self, h: int) -> torch.Tensor:
-        return self.values[self.offsets[h] : self.offsets[h + 1]]
+        return self.values[self.offsets[h] : self.offsets[h] + self.counts[h]]
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys, self.values
+
+    def with_room(self, room: int) -> RaggedKV:
+        """A copy (new storage) of the kept entries with ``room`` free rows after each head's."""
+        shape = (sum(self.counts) + len(self.counts) * room, self.keys.shape[-1])
+        keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
+        work = RaggedKV(keys, values, self.counts, room)
+        for h in range(len(self.counts)):
+            work.head_keys(h).copy_(self.head_keys(h))
+            work.head_values(h).copy_(self.head_values(h))
+        return work
+
+    def feed(self, h: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head ``h``'s kept entries followed by the ``t`` entries fed after the context so far, ``keys`` /
+        ``values`` ``[t, D]``, written into the room (a few rows; the kept entries are not copied). Returns views
+        ``[counts[h] + t, D]``."""
+        t = keys.shape[0]
+        if t > self.room:
+            raise ValueError(f"fed {t} entries after the context; the layer has room for {self.room} (with_room)")
+        start, at = self.offsets[h], self.offsets[h] + self.counts[h]
+        self.keys[at : at + t] = keys
+        self.values[at : at + t] = values
+        return self.keys[start : at + t], self.values[start : at + t]

@@ -196,22 +196,20 @@ class TorchEngine(EngineBase):
         return cache
 
     @staticmethod
-    def _working_cache(parent: TorchParent, attn_kv: Sequence):
-        """A fresh cache: attention layers point at ``attn_kv`` (never written in place: DynamicLayer.update
-        concatenates), GDN layers are deep copies of the parent's end-of-context snapshot. A ragged layer's
-        cache starts empty: it collects only what is fed after the context (``kvbench_sdpa`` adds the kept
-        entries per head)."""
+    def _working_cache(parent: TorchParent, attn_kv: Sequence, room: int):
+        """A fresh cache for feeding up to ``room`` tokens after the context: each attention layer a
+        :class:`_RoomLayer` holding a copy of ``attn_kv``'s entries (``attn_kv`` itself is never written) with room
+        after them; GDN layers are deep copies of the parent's end-of-context snapshot. A ragged layer's cache
+        starts empty: it collects only what is fed after the context (``kvbench_sdpa`` adds the kept entries per
+        head from the layer's :class:`RaggedKV`)."""
         cache = copy.copy(parent.cache)
         cache.layers = list(parent.cache.layers)
         for f, layer_idx in enumerate(parent.attn_layer_ids):
-            layer = copy.copy(parent.cache.layers[layer_idx])
             kv = attn_kv[f]
             if isinstance(kv, RaggedKV):
                 empty = kv.keys.new_empty(1, len(kv.counts), 0, kv.keys.shape[-1])
-                layer.keys, layer.values = empty, empty.clone()
-            else:
-                layer.keys, layer.values = kv
-            cache.layers[layer_idx] = layer
+                kv = (empty, empty)
+            cache.layers[layer_idx] = _RoomLayer(*kv, room)
         for layer_idx in parent.gdn_layer_ids:
             cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
         return cache
@@ -223,7 +221,7 @@ class TorchEngine(EngineBase):
         self._check_attention()
         if len(token_ids) == 0:
             raise KvbenchError("empty probe: nothing to feed after the context")
-        cache = self._working_cache(parent, parent._full_kv())
+        cache = self._working_cache(parent, parent._full_kv(), len(token_ids))
         sink = _QuerySink(len(self.adapter.attn))
         for f, module in enumerate(self.adapter.attn):
             module.kvbench_query_sink = (sink, f)
@@ -257,10 +255,12 @@ class TorchEngine(EngineBase):
             raise KvbenchError("empty question: nothing to feed after the context")
         self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
-        cache = self._working_cache(parent, attn_kv)
+        start = time.perf_counter()
+        room = len(question_ids) + max_new_tokens  # entries fed after the context, at most
+        attn_kv = [kv.with_room(room) if isinstance(kv, RaggedKV) else kv for kv in attn_kv]
+        cache = self._working_cache(parent, attn_kv, room)
         device = self.device
         pos = parent.n
-        start = time.perf_counter()
         with self._ragged_layers(attn_kv):
             q = torch.tensor([list(question_ids)], device=device)
             out = self.model(
@@ -420,6 +420,31 @@ class _Block:
     order: list[int]
     logits: torch.Tensor
     next_position: int
+
+
+class _RoomLayer(DynamicLayer):
+    """An attention layer's cache while one child answers: ``keys`` / ``values`` ``[1, H_kv, n, D]`` copied once
+    into buffers with ``room`` free entries after them; :meth:`update` writes what is fed there in place and
+    returns views ``[1, H_kv, n + fed, D]``, so a decoding step copies no earlier entry (``DynamicLayer``
+    concatenates: a copy of the whole layer per step)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
+        super().__init__()
+        b, h, n, d = keys.shape
+        self._keys, self._values = keys.new_empty(b, h, n + room, d), values.new_empty(b, h, n + room, d)
+        self._keys[:, :, :n], self._values[:, :, :n] = keys, values
+        self.device, self.is_initialized, self.length = keys.device, True, n
+        self.keys, self.values = self._keys[:, :, :n], self._values[:, :, :n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        q = key_states.shape[-2]
+        if self.length + q > self._keys.shape[2]:
+            raise ValueError(f"fed {self.length + q} entries; the answer's cache has room for {self._keys.shape[2]}")
+        self._keys[:, :, self.length : self.length + q] = key_states
+        self._values[:, :, self.length : self.length + q] = value_states
+        self.length += q
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+        return self.keys, self.values
 
 
 class _FedEntriesLayer(DynamicLayer):
