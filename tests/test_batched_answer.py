@@ -15,7 +15,7 @@ import torch
 from kvbench import budgets, runner
 from kvbench.engines.base import AnswerGroup
 from kvbench.engines.batch_kv import BatchKV, bucket_bounds
-from kvbench.engines.torch_engine import TorchEngine, TorchParent
+from kvbench.engines.torch_engine import TorchEngine, TorchParent, share_groups
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import load_model
 from kvbench.runner import RunConfig
@@ -182,6 +182,47 @@ def test_answer_batch_limit_counts_worst_case_memory(monkeypatch):
     assert parent.answer_batch_limit(20, 32, forked=True) == 7
     monkeypatch.setattr(torch_engine, "free_memory_bytes", lambda device: 5)
     assert parent.answer_batch_limit(20, 32) == 1
+
+
+# --- rows that share the leading GDN layers ----------------------------------------------------------------
+
+
+def test_share_groups_hand_worked():
+    # rows 0 and 2 stay in group 0 (same token); row 1 splits off it; row 3 (group 1) becomes group 2
+    assert share_groups([0, 0, 0, 1], [5, 7, 5, 5]) == ([0, 0, 1], [0, 1, 0, 2])
+    assert share_groups([0, 0], [3, 3]) == ([0], [0, 0])
+    assert share_groups([1, 0], [3, 3]) == ([1, 0], [0, 1])  # new groups numbered by first row
+    assert share_groups([], []) == ([], [])
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_leading_layers_run_once_per_distinct_history(family):
+    """The layers before the first attention layer see one row per group of rows fed the same tokens: one row for
+    the question block, then at decoding step i as many rows as there are distinct answers so far (tokens
+    0 .. i) among the rows fed at that step; the first attention layer sees every row."""
+    engine = TorchEngine(tiny_model(family))
+    parent = engine.prefill(_ids(N_CTX, seed=7), prot=4)
+    children = _children(parent)
+    first_attn = engine.adapter.attn_layer_ids[0]
+    assert engine.adapter.leading_gdn_layer_ids == list(range(first_attn)) and first_attn > 0
+    seen: dict[int, list[int]] = {0: [], first_attn: []}  # rows each layer's token mixer was fed, per forward
+
+    def record(i: int):
+        return lambda module, args, kwargs: seen[i].append(kwargs["hidden_states"].shape[0])
+
+    mixers = {0: engine.adapter.gdn[0], first_attn: engine.adapter.attn[0]}
+    hooks = [mixers[i].register_forward_pre_hook(record(i), with_kwargs=True) for i in seen]
+    try:
+        new = 12
+        got = parent.answer_children(children, Q_IDS, max_new_tokens=new, context_sha256=parent.sha256, stop_ids=())
+    finally:
+        for h in hooks:
+            h.remove()
+    tokens = [a.token_ids for a in got]
+    want = [1] + [len({tuple(t[: i + 1]) for t in tokens}) for i in range(new - 1)]
+    assert seen[0] == want
+    assert seen[first_attn] == [len(children)] * new
+    assert max(want) < len(children)  # some rows did share (identical kept sets answer alike)
 
 
 # --- the bucketed attention store --------------------------------------------------------------------------

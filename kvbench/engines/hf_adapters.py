@@ -78,6 +78,14 @@ class HybridAdapter:
                 "modules; this transformers version does not lay the model out as kvbench expects "
                 "(kvbench is validated on transformers 5.24)"
             )
+        mixers = {id(m): m.layer_idx for m in self.gdn + self.attn}
+        #: layer index -> its decoder layer (the module whose child is that layer's GDN or attention module)
+        self.decoder_layers: dict[int, nn.Module] = {
+            mixers[id(child)]: module
+            for module in model.modules()
+            for child in module.children()
+            if id(child) in mixers
+        }
         self.kernel_modules = sorted({type(m).__module__ for m in self.gdn})
         for mod_name in self.kernel_modules:
             missing = [k for k in GDN_KERNELS if not hasattr(sys.modules[mod_name], k)]
@@ -91,6 +99,13 @@ class HybridAdapter:
     @property
     def gdn_layer_ids(self) -> list[int]:
         return [m.layer_idx for m in self.gdn]
+
+    @property
+    def leading_gdn_layer_ids(self) -> list[int]:
+        """The GDN layers before the first attention layer (0, 1, 2 in a 3 GDN : 1 attention pattern): their output
+        for a row depends only on the tokens fed to it, not on any attention cache."""
+        first = min(self.attn_layer_ids)
+        return [i for i in self.gdn_layer_ids if i < first]
 
     def recorder(self, query_window: int) -> Recorder:
         return Recorder(self, query_window)

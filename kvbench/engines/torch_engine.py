@@ -176,22 +176,22 @@ class TorchEngine(EngineBase):
             for module in self.adapter.attn:
                 module.kvbench_batch = None
 
-    @staticmethod
-    def _batch_cache(parent: TorchParent, rows: int):
+    def _batch_cache(self, parent: TorchParent, rows: int):
         """A fresh cache for ``rows`` children answering together: attention layers pass what is fed through to
         the batch's :class:`BatchKV` (which stores it), GDN layers hold ``rows`` copies of the parent's
-        end-of-context conv and recurrent states (batch dimension first)."""
+        end-of-context conv and recurrent states (batch dimension first), except the leading ones (before the
+        first attention layer), which hold one: every row feeds them the same question (:class:`_SharedRows`)."""
         cache = copy.copy(parent.cache)
         cache.layers = list(parent.cache.layers)
         for layer_idx in parent.attn_layer_ids:
             cache.layers[layer_idx] = _FedEntriesLayer()
-        repeat = torch.zeros(rows, dtype=torch.long)
+        leading = set(self.adapter.leading_gdn_layer_ids)
         for layer_idx in parent.gdn_layer_ids:
             layer = copy.copy(parent.cache.layers[layer_idx])
             for name, value in vars(layer).items():  # per-state dicts: the copy's own, the parent's stay as they are
                 if isinstance(value, dict):
                     setattr(layer, name, dict(value))
-            layer.reorder_cache(repeat)  # index_select: new tensors, row 0 repeated
+            layer.reorder_cache(torch.zeros(1 if layer_idx in leading else rows, dtype=torch.long))  # new tensors
             cache.layers[layer_idx] = layer
         return cache
 
@@ -321,9 +321,15 @@ class TorchEngine(EngineBase):
         cache = self._batch_cache(parent, size)
         ids = torch.tensor([list(lane.question_ids)] * size, device=self.device)
         positions = torch.arange(parent.n, parent.n + T, device=self.device)[None].expand(size, -1)
-        with self._batched_layers(batch):
+        shared = self._shared_rows([0] * size)  # one group: every row has fed the same tokens
+        with self._batched_layers(batch), shared:
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=positions)
         return _Block(batch, cache, order, out.logits[:, -1], parent.n + T)
+
+    def _shared_rows(self, groups: Sequence[int]) -> _SharedRows:
+        """The leading layers' sharing for one forward: batch row ``r`` reads group ``groups[r]``'s output."""
+        layers = [self.adapter.decoder_layers[i] for i in self.adapter.leading_gdn_layer_ids]
+        return _SharedRows(layers, torch.tensor(groups, device=self.device))
 
     def _merge_caches(self, blocks: Sequence[_Block], gdn_layer_ids: Sequence[int]):
         """One cache over the rows of every block, in order: each GDN layer's conv and recurrent states
@@ -361,6 +367,9 @@ class TorchEngine(EngineBase):
         logits = torch.cat([b.logits for b in blocks]) if len(blocks) > 1 else blocks[0].logits
         generated = [[[] for _ in lane.children_kv] for lane in lanes]
         stopped = [[False] * len(lane.children_kv) for lane in lanes]
+        leading = self.adapter.leading_gdn_layer_ids
+        groups = [k for k, _ in rows]  # batch row -> its row of the leading GDN layers (one per lane so far)
+        n_groups = len(lanes)
         with self._batched_layers(batch):
             for i in range(max(budget)):
                 tokens = logits.argmax(-1).tolist()
@@ -380,13 +389,24 @@ class TorchEngine(EngineBase):
                     for kv in batch:
                         kv.select(keep)
                     for layer_idx in lanes[0].parent.gdn_layer_ids:
-                        cache.layers[layer_idx].reorder_cache(keep)
+                        if layer_idx not in leading:
+                            cache.layers[layer_idx].reorder_cache(keep)
                     rows, budget, next_pos = [rows[r] for r in live], [budget[r] for r in live], next_pos[keep]
-                    tokens = [tokens[r] for r in live]
+                    tokens, groups = [tokens[r] for r in live], [groups[r] for r in live]
+                source, groups = share_groups(groups, tokens)
+                if source != list(range(n_groups)):  # each group's states, from the group it split from
+                    for layer_idx in leading:
+                        cache.layers[layer_idx].reorder_cache(torch.tensor(source, device=device))
+                n_groups, shared = len(source), self._shared_rows(groups)
                 ids = torch.tensor(tokens, device=device)[:, None]
-                out = self.model(
-                    input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, position_ids=(next_pos + i)[:, None]
-                )
+                with shared:
+                    out = self.model(
+                        input_ids=ids,
+                        cache=cache,
+                        use_cache=True,
+                        logits_to_keep=1,
+                        position_ids=(next_pos + i)[:, None],
+                    )
                 logits = out.logits[:, -1]
         size = sum(len(lane.children_kv) for lane in lanes)
         seconds = (time.perf_counter() - start) / size
@@ -420,6 +440,61 @@ class _Block:
     order: list[int]
     logits: torch.Tensor
     next_position: int
+
+
+def share_groups(groups: Sequence[int], tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Rows that have been fed the same tokens since their parent's context (same lane, same answer so far) share
+    one row of the leading GDN layers. Row ``r`` was in group ``groups[r]`` and is now fed ``tokens[r]``; rows of one
+    group fed the same token stay together, the others split off. Returns ``(source, new_groups)``: ``source[g]``
+    the old group new group ``g`` comes from (new groups numbered in order of first row), ``new_groups[r]`` row
+    ``r``'s new group. E.g. groups ``[0, 0, 0, 1]``, tokens ``[5, 7, 5, 5]`` -> ``([0, 0, 1], [0, 1, 0, 2])``."""
+    index: dict[tuple[int, int], int] = {}
+    source, new_groups = [], []
+    for g, token in zip(groups, tokens, strict=True):
+        if (g, token) not in index:
+            index[(g, token)] = len(source)
+            source.append(g)
+        new_groups.append(index[(g, token)])
+    return source, new_groups
+
+
+class _SharedRows:
+    """One batched forward's sharing of the decoder layers before the first attention layer (``layers``: GDN token
+    mixers and their MLPs, whose output for a row depends only on what was fed to it since the context). They run
+    once per group of rows fed the same tokens: the first one's input is cut to one row per group (its first
+    row; the leading GDN layers' cache holds one state per group), the last one's output is spread back to every
+    row (``row_group[r]``: row ``r``'s group). Use as a context manager around the forward."""
+
+    def __init__(self, layers: Sequence[torch.nn.Module], row_group: torch.Tensor) -> None:
+        self.layers, self.row_group = list(layers), row_group
+        firsts: dict[int, int] = {}
+        for r, g in enumerate(row_group.tolist()):
+            firsts.setdefault(g, r)
+        self.first_rows = torch.tensor([firsts[g] for g in range(len(firsts))], device=row_group.device)
+        self._hooks: list = []
+
+    def __enter__(self) -> _SharedRows:
+        if self.layers:
+            self._hooks = [
+                self.layers[0].register_forward_pre_hook(self._cut, with_kwargs=True),
+                self.layers[-1].register_forward_hook(self._spread),
+            ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _cut(self, module, args, kwargs):
+        if args:
+            return (args[0].index_select(0, self.first_rows), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"].index_select(0, self.first_rows)}
+
+    def _spread(self, module, args, output):
+        if isinstance(output, tuple):
+            return (output[0].index_select(0, self.row_group), *output[1:])
+        return output.index_select(0, self.row_group)
 
 
 class _RoomLayer(DynamicLayer):
