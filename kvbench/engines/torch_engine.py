@@ -5,16 +5,17 @@
   cached entries while a multi-token question is fed in one block. A child layer whose KV heads keep
   different counts is stored ragged, without padding (:class:`RaggedKV`: one packed buffer, per-head
   offsets), and attended with one SDPA call per KV head.
-* The parent's cache is never advanced: every answer builds a fresh cache whose attention layers point at
-  the (compacted) K/V tensors and whose GDN layers are deep copies of the end-of-context snapshot, so each
-  question starts from the same state.
+* The parent's cache is never advanced: every answer builds a fresh cache whose attention layers copy the
+  (compacted) K/V tensors once into buffers with room for the fed tokens and whose GDN layers are deep copies of
+  the end-of-context snapshot, so each question starts from the same state and no child is written.
 * Decoding is the harness's own greedy loop with explicit position ids continuing from the original
   context length (``generate()`` would take positions from the pruned cache length).
 * A parent may hold several live children, and :meth:`TorchParent.answer_children` answers one question from
   all of them in one batched greedy loop (one forward per decoding step): each child's attention entries sit in
   a :class:`~kvbench.engines.batch_kv.BatchKV` (per layer, buckets of similar kept counts, padding masked), the
-  GDN / convolution states are the parent's snapshot repeated per row, and a child whose answer ends leaves
-  the batch. One child alone takes the one-at-a-time path.
+  GDN / convolution states are the parent's snapshot repeated per row (the layers before the first attention
+  layer: one row per group of rows fed the same tokens, :class:`_SharedRows`), and a child whose answer ends
+  leaves the batch. One child alone takes the one-at-a-time path.
 """
 
 from __future__ import annotations
