@@ -432,7 +432,12 @@ def calibrate(
     texts = [doc.text for doc in round_robin(read_corpus(corpus))]
     lm = load_model(model, device=device, dtype=dtype)
     path = cls.calibrate(lm, texts, max_tokens=max_tokens, out=out)
-    err_console.print(f"calibrated {method} for {lm.name} -> {path}", markup=False, soft_wrap=True)
+    made_from = cls.describe_calibration(path)
+    err_console.print(
+        f"calibrated {method} for {lm.name} -> {path}" + (f": {made_from}" if made_from else ""),
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _read_text_file(path: Path, option: str) -> str:

@@ -78,6 +78,12 @@ class EvictionMethod(ABC):
         raise KvbenchError(f"method {cls.name} has no calibration step")
 
     @classmethod
+    def describe_calibration(cls, path: Path) -> str:
+        """What the artifact at ``path`` (written by :meth:`calibrate`) was made from, for ``kvbench calibrate`` to
+        print after its path (e.g. documents and tokens); empty when the method says nothing."""
+        return ""
+
+    @classmethod
     def has_calibration(cls) -> bool:
         """Whether the method overrides :meth:`calibrate` (``kvbench calibrate`` accepts it)."""
         return cls.calibrate.__func__ is not EvictionMethod.calibrate.__func__  # type: ignore[attr-defined]

@@ -517,6 +517,13 @@ class TriAttention(EvictionMethod):
         )
         return stats.save_stats(out or default_stats_path(lm.fingerprint))
 
+    @classmethod
+    def describe_calibration(cls, path: Path) -> str:
+        """The documents and tokens the statistics at ``path`` came from, and the length each was cut to (from
+        the ``.json`` sidecar)."""
+        meta = json.loads(_sidecar(Path(path)).read_text())
+        return f"{meta['n_documents']} documents, {meta['n_tokens']:,} tokens (each cut to {meta['max_len']:,})"
+
     def set_options(self, values: Mapping[str, str]) -> None:
         """As :meth:`EvictionMethod.set_options`; ``trig=false`` with ``mlr=false`` (no term left) is refused."""
         super().set_options(values)

@@ -336,5 +336,7 @@ def test_calibrate_command_uses_every_kind_within_the_trained_length(tmp_path, m
     cli.main()  # returns on success (exit 2 would raise SystemExit)
     got = load_stats(out, lm.fingerprint)
     assert (got.metadata["n_documents"], got.metadata["n_tokens"], got.metadata["max_len"]) == (2, 80, 40)
+    err = capsys.readouterr().err.replace("\n", "")
+    assert f"calibrated triattention for tiny-random -> {out}: 2 documents, 80 tokens (each cut to 40)" in err
     want = calibrate(lm.model, lm.tokenizer, [texts["a-kind", 0], texts["b-kind", 0]], max_tokens=80, max_len=40)
     assert torch.equal(got.q_mean_re, want.q_mean_re) and torch.equal(got.q_abs_mean, want.q_abs_mean)
