@@ -240,23 +240,27 @@ def test_ragged_attention_against_explicit_softmax(q_len):
 
 
 def test_ragged_room_copies_the_kept_entries_once_and_bounds_what_is_fed():
-    """with_room: new storage holding the kept entries, the child's untouched by feeding; feed returns the kept
-    entries then the fed ones; more than the room is an error."""
+    """with_room: new storage holding the kept entries, the child's untouched by feeding; append writes the fed
+    entries after each head's kept ones (and after those fed before), head_with_fed returns both; more than the
+    room is an error."""
     torch.manual_seed(1)
     counts, D = [2, 4], 3
     packed_k, packed_v = torch.randn(sum(counts), D), torch.randn(sum(counts), D)
     child = RaggedKV(packed_k.clone(), packed_v.clone(), counts)
     work = child.with_room(2)
     assert work.keys.shape == (sum(counts) + 2 * 2, D) and work.keys.data_ptr() != child.keys.data_ptr()
-    fed_k, fed_v = torch.randn(2, D), torch.randn(2, D)
-    k, v = work.feed(1, fed_k, fed_v)
-    assert torch.equal(k, torch.cat([packed_k[2:], fed_k])) and torch.equal(v, torch.cat([packed_v[2:], fed_v]))
-    k0, _ = work.feed(0, fed_k[:1], fed_v[:1])
-    assert torch.equal(k0, torch.cat([packed_k[:2], fed_k[:1]]))
+    fed_k, fed_v = torch.randn(2, 2, D), torch.randn(2, 2, D)  # [H_kv, t, D]
+    work.append(fed_k[:, :1], fed_v[:, :1])
+    k0, _ = work.head_with_fed(0)
+    assert torch.equal(k0, torch.cat([packed_k[:2], fed_k[0, :1]]))
+    work.append(fed_k[:, 1:], fed_v[:, 1:])
+    k, v = work.head_with_fed(1)
+    assert torch.equal(k, torch.cat([packed_k[2:], fed_k[1]])) and torch.equal(v, torch.cat([packed_v[2:], fed_v[1]]))
+    assert torch.equal(work.head_with_fed(0)[0], torch.cat([packed_k[:2], fed_k[0]]))
     assert torch.equal(work.head_keys(1), packed_k[2:])  # head 0's room is not head 1's entries
     assert torch.equal(child.keys, packed_k) and torch.equal(child.values, packed_v)
     with pytest.raises(ValueError, match="room for 2"):
-        work.feed(0, torch.randn(3, D), torch.randn(3, D))
+        work.append(torch.randn(2, 1, D), torch.randn(2, 1, D))
     with pytest.raises(ValueError, match="need"):
         RaggedKV(packed_k, packed_v, counts, room=1)
 

@@ -79,16 +79,17 @@ def _causal(q_len: int, kv_len: int, device) -> tuple[torch.Tensor | None, bool]
 
 
 def _ragged_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ragged: RaggedKV, scale) -> torch.Tensor:
-    """Attention over ragged per-head storage: KV head ``h`` sees its ``counts[h]`` kept entries followed by
-    the ``t`` entries fed after the context (``key``/``value`` ``[1, H_kv, t, D]``), bottom-right causal.
-    query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA call per KV head (no padding anywhere).
-    ``ragged`` needs room for the ``t`` fed entries (:meth:`RaggedKV.with_room`): they are written in place
-    after the kept ones, so a decoding step copies no kept entry."""
+    """Attention over ragged per-head storage: ``key``/``value`` ``[1, H_kv, t, D]`` are the entries just fed,
+    appended in place after those fed before (``ragged`` needs room for them: :meth:`RaggedKV.with_room`, so a
+    decoding step copies no kept entry); KV head ``h`` then sees its ``counts[h]`` kept entries followed by every
+    entry fed after the context, bottom-right causal. query ``[1, H, q, D]``; returns ``[1, H, q, D]``, one SDPA
+    call per KV head (no padding anywhere)."""
     H_kv = key.shape[1]
     n_rep = query.shape[1] // H_kv
+    ragged.append(key[0], value[0])
     out = []
     for h in range(H_kv):
-        k, v = ragged.feed(h, key[0, h], value[0, h])
+        k, v = ragged.head_with_fed(h)
         mask, is_causal = _causal(query.shape[2], k.shape[0], query.device)
         q = query[:, h * n_rep : (h + 1) * n_rep]
         out.append(
@@ -144,13 +145,15 @@ class RaggedKV:
     """A child attention layer whose KV heads keep different counts, stored without padding.
 
     keys / values ``[sum(counts) + H_kv * room, D]``: head ``h``'s kept entries (in position order) at rows
-    ``offsets[h] .. offsets[h] + counts[h] - 1``, then ``room`` rows for entries fed after the context. A child
-    stores its layer with ``room = 0`` (exactly the kept entries); an answer works on a copy with room
-    (:meth:`with_room`), written in place as the question and answer tokens are fed (:meth:`feed`).
+    ``offsets[h] .. offsets[h] + counts[h] - 1``, then ``room`` rows for entries fed after the context (the first
+    ``fed`` of them written). A child stores its layer with ``room = 0`` (exactly the kept entries); an answer works
+    on a copy with room (:meth:`with_room`), appended to in place as the question and answer tokens are fed
+    (:meth:`append`).
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, counts: Sequence[int], room: int = 0) -> None:
         self.keys, self.values, self.counts, self.room = keys, values, list(counts), room
+        self.fed = 0
         self.offsets = [0]
         for c in self.counts:
             self.offsets.append(self.offsets[-1] + c + room)
@@ -178,14 +181,19 @@ class RaggedKV:
             work.head_values(h).copy_(self.head_values(h))
         return work
 
-    def feed(self, h: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Head ``h``'s kept entries followed by the ``t`` entries fed after the context so far, ``keys`` /
-        ``values`` ``[t, D]``, written into the room (a few rows; the kept entries are not copied). Returns views
-        ``[counts[h] + t, D]``."""
-        t = keys.shape[0]
-        if t > self.room:
-            raise ValueError(f"fed {t} entries after the context; the layer has room for {self.room} (with_room)")
-        start, at = self.offsets[h], self.offsets[h] + self.counts[h]
-        self.keys[at : at + t] = keys
-        self.values[at : at + t] = values
-        return self.keys[start : at + t], self.values[start : at + t]
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write entries just fed after the context, ``keys`` / ``values`` ``[H_kv, q, D]``, after every head's
+        earlier ones (a few rows; the kept entries are not copied)."""
+        q = keys.shape[1]
+        if self.fed + q > self.room:
+            raise ValueError(f"fed {self.fed + q} entries after the context; the layer has room for {self.room}")
+        for h in range(len(self.counts)):
+            at = self.offsets[h] + self.counts[h] + self.fed
+            self.keys[at : at + q] = keys[h]
+            self.values[at : at + q] = values[h]
+        self.fed += q
+
+    def head_with_fed(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``[counts[h] + fed, D]``: head ``h``'s kept entries followed by the entries fed after the context."""
+        end = self.offsets[h] + self.counts[h] + self.fed
+        return self.keys[self.offsets[h] : end], self.values[self.offsets[h] : end]

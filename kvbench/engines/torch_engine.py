@@ -201,16 +201,13 @@ class TorchEngine(EngineBase):
         """A fresh cache for feeding up to ``room`` tokens after the context: each attention layer a
         :class:`_RoomLayer` holding a copy of ``attn_kv``'s entries (``attn_kv`` itself is never written) with room
         after them; GDN layers are deep copies of the parent's end-of-context snapshot. A ragged layer's cache
-        starts empty: it collects only what is fed after the context (``kvbench_sdpa`` adds the kept entries per
-        head from the layer's :class:`RaggedKV`)."""
+        only passes what is fed on (:class:`_FedEntriesLayer`): ``kvbench_sdpa`` appends it to the layer's
+        :class:`RaggedKV` (a copy with room, :meth:`RaggedKV.with_room`), which holds the kept entries per head."""
         cache = copy.copy(parent.cache)
         cache.layers = list(parent.cache.layers)
         for f, layer_idx in enumerate(parent.attn_layer_ids):
             kv = attn_kv[f]
-            if isinstance(kv, RaggedKV):
-                empty = kv.keys.new_empty(1, len(kv.counts), 0, kv.keys.shape[-1])
-                kv = (empty, empty)
-            cache.layers[layer_idx] = _RoomLayer(*kv, room)
+            cache.layers[layer_idx] = _FedEntriesLayer() if isinstance(kv, RaggedKV) else _RoomLayer(*kv, room)
         for layer_idx in parent.gdn_layer_ids:
             cache.layers[layer_idx] = copy.deepcopy(parent.cache.layers[layer_idx])
         return cache
@@ -330,7 +327,7 @@ class TorchEngine(EngineBase):
     def _shared_rows(self, groups: Sequence[int]) -> _SharedRows:
         """The leading layers' sharing for one forward: batch row ``r`` reads group ``groups[r]``'s output."""
         layers = [self.adapter.decoder_layers[i] for i in self.adapter.leading_gdn_layer_ids]
-        return _SharedRows(layers, torch.tensor(groups, device=self.device))
+        return _SharedRows(layers, groups, self.device)
 
     def _merge_caches(self, blocks: Sequence[_Block], gdn_layer_ids: Sequence[int]):
         """One cache over the rows of every block, in order: each GDN layer's conv and recurrent states
@@ -464,20 +461,23 @@ class _SharedRows:
     mixers and their MLPs, whose output for a row depends only on what was fed to it since the context). They run
     once per group of rows fed the same tokens: the first one's input is cut to one row per group (its first
     row; the leading GDN layers' cache holds one state per group), the last one's output is spread back to every
-    row (``row_group[r]``: row ``r``'s group). Use as a context manager around the forward."""
+    row (``groups[r]``: row ``r``'s group, groups numbered 0 .. G-1). Use as a context manager around the
+    forward. The hooks take the decoder layer's call as transformers 5.24 makes it (hidden states first and
+    positional, a tensor returned)."""
 
-    def __init__(self, layers: Sequence[torch.nn.Module], row_group: torch.Tensor) -> None:
-        self.layers, self.row_group = list(layers), row_group
+    def __init__(self, layers: Sequence[torch.nn.Module], groups: Sequence[int], device: torch.device) -> None:
+        self.layers = list(layers)
         firsts: dict[int, int] = {}
-        for r, g in enumerate(row_group.tolist()):
+        for r, g in enumerate(groups):
             firsts.setdefault(g, r)
-        self.first_rows = torch.tensor([firsts[g] for g in range(len(firsts))], device=row_group.device)
+        self.row_group = torch.tensor(groups, dtype=torch.long, device=device)
+        self.first_rows = torch.tensor([firsts[g] for g in range(len(firsts))], dtype=torch.long, device=device)
         self._hooks: list = []
 
     def __enter__(self) -> _SharedRows:
         if self.layers:
             self._hooks = [
-                self.layers[0].register_forward_pre_hook(self._cut, with_kwargs=True),
+                self.layers[0].register_forward_pre_hook(self._cut),
                 self.layers[-1].register_forward_hook(self._spread),
             ]
         return self
@@ -487,14 +487,10 @@ class _SharedRows:
             hook.remove()
         self._hooks = []
 
-    def _cut(self, module, args, kwargs):
-        if args:
-            return (args[0].index_select(0, self.first_rows), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": kwargs["hidden_states"].index_select(0, self.first_rows)}
+    def _cut(self, module, args):
+        return (args[0].index_select(0, self.first_rows), *args[1:])
 
     def _spread(self, module, args, output):
-        if isinstance(output, tuple):
-            return (output[0].index_select(0, self.row_group), *output[1:])
         return output.index_select(0, self.row_group)
 
 
@@ -524,8 +520,9 @@ class _RoomLayer(DynamicLayer):
 
 
 class _FedEntriesLayer(DynamicLayer):
-    """An attention layer's cache during a batched answer: it stores nothing and returns the entries just fed;
-    the layer's :class:`BatchKV` keeps the kept entries and everything fed after the context."""
+    """An attention layer's cache that stores nothing and returns the entries just fed: during a batched answer
+    the layer's :class:`BatchKV`, and for a ragged child answering alone its :class:`RaggedKV`, keeps the kept
+    entries and everything fed after the context."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         return key_states, value_states
