@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
+from kvbench.cache import cache_dir
 from kvbench.engines.attention import register_attention
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
 from kvbench.errors import ModelError
@@ -29,10 +30,6 @@ CHAT_TEMPLATE = (
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BUILTIN_VERSION = "v2"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
 
 
 def byte_tokenizer():

@@ -335,6 +335,7 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
         "random_weights": lm.random_weights,
         "model_shape": model_shape(lm.model),
         "engine": config.engine,
+        "decode_attention": _decode_attention(config),
         "seed": config.seed,
         "config": cfg,
         "command": sys.argv,
@@ -345,6 +346,16 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
             "python": platform.python_version(),
         },
     }
+
+
+def _decode_attention(config: RunConfig) -> str:
+    """What the run's float32 CPU decoding steps attend with (the torch engine; :mod:`~kvbench.engines.decode_kernel`):
+    other dtypes and devices, and the vLLM engine, use their own attention."""
+    if config.engine != "torch":
+        return "engine's own"
+    from kvbench.engines import decode_kernel
+
+    return decode_kernel.status()
 
 
 def resolve_defaults(config: RunConfig, lm: LoadedModel) -> RunConfig:

@@ -52,3 +52,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=["kernel", "sdpa"])
+def decode_path(request, monkeypatch) -> str:
+    """Decoding steps attended by kvbench's decode-attention kernel, or by SDPA (``KVBENCH_DECODE_KERNEL=0``)."""
+    from kvbench.engines import decode_kernel
+
+    if request.param == "sdpa":
+        monkeypatch.setenv("KVBENCH_DECODE_KERNEL", "0")
+    else:
+        monkeypatch.delenv("KVBENCH_DECODE_KERNEL", raising=False)
+    decode_kernel._load.cache_clear()
+    if request.param == "kernel" and not decode_kernel.available():
+        pytest.skip(f"optional: the decode-attention kernel cannot be built here ({decode_kernel.status()})")
+    yield request.param
+    decode_kernel._load.cache_clear()

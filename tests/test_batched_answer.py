@@ -55,9 +55,10 @@ def _children(parent) -> list:
 
 
 @pytest.mark.parametrize("stop_mode", ["none", "early"])
-def test_batched_answers_equal_one_at_a_time(family, stop_mode):
+def test_batched_answers_equal_one_at_a_time(family, stop_mode, decode_path):
     """float32: every child's batched answer is token for token its answer alone, whatever its storage, also
-    when children stop at different steps (stop ids taken from the serial answers, so some end early)."""
+    when children stop at different steps (stop ids taken from the serial answers, so some end early); with the
+    decode-attention kernel and with SDPA."""
     engine = TorchEngine(tiny_model(family))
     parent = engine.prefill(_ids(N_CTX, seed=7), prot=4)
     children = _children(parent)
@@ -237,7 +238,7 @@ def test_bucket_bounds_hand_worked():
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
-def test_batch_kv_against_explicit_softmax(q_len):
+def test_batch_kv_against_explicit_softmax(q_len, decode_path):
     """Every row and query head attends to its own KV head's kept entries, then the entries fed after the context
     (bottom-right causal), whatever the bucket padding; a second feed appends; rows leaving keep the others."""
     torch.manual_seed(0)
@@ -346,6 +347,10 @@ def test_runner_batched_rows_equal_one_at_a_time_and_resume_each_other(tmp_path)
     assert sizes["oracle"] == 2  # a query-aware method forks per question: its two p answer together
     again = runner.run(RunConfig(**base, out=one, answer_batch=3), lm=lm)
     assert again.rows_written == 0 and again.rows_skipped == len(serial)
+    from kvbench.engines import decode_kernel
+
+    runs = json.loads((many / "manifest.json").read_text())["runs"]
+    assert runs[0]["decode_attention"] == decode_kernel.status()  # what the decoding steps attended with
 
 
 def test_runner_pools_contexts_and_rows_equal_one_at_a_time(tmp_path):

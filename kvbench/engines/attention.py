@@ -3,8 +3,9 @@
 SDPA with a bottom-right causal mask, so every attention layer may hold a different number of cached
 entries while a multi-token question is fed in one block. A child layer whose KV heads keep different counts
 is stored ragged, without padding (:class:`RaggedKV`: one packed buffer, per-head offsets), and attended with
-one SDPA call per KV head. Query recording (``module.kvbench_query_sink``) and the per-row log-sum-exp that
-query-aware scoring reads happen here too.
+one SDPA call per KV head. A float32 decoding step on CPU (one query) is attended by kvbench's decode-attention
+kernel instead (:mod:`kvbench.engines.decode_kernel`), for a child alone as in a batch. Query recording
+(``module.kvbench_query_sink``) and the per-row log-sum-exp that query-aware scoring reads happen here too.
 
 Nothing is registered on import: :func:`register_attention` registers the function with transformers'
 ``AttentionInterface`` and returns :data:`ATTN_IMPL`, the ``attn_implementation`` to load models with::
@@ -19,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from kvbench.engines import decode_kernel
 from kvbench.engines.base import attention_logsumexp
 
 __all__ = ["ATTN_IMPL", "RaggedKV", "kvbench_sdpa", "register_attention", "sdpa_with_lse"]
@@ -59,6 +61,9 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     if getattr(recorder, "wants_lse", False):
         out, lse = sdpa_with_lse(query, key, value, scaling)
         recorder.record_lse(f, lse[0])
+    elif recorder is None and decode_kernel.applies(query):
+        jobs = decode_kernel.DecodeJobs.heads(_rows_contiguous(key[0]), _rows_contiguous(value[0]))
+        out = decode_kernel.decode_step(query, jobs, scaling)
     else:
         n_rep = query.shape[1] // key.shape[1]
         mask, is_causal = _causal(query.shape[2], key.shape[2], query.device)
@@ -66,6 +71,11 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=n_rep > 1
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` ``[..., n, D]`` itself when its rows are contiguous, else a contiguous copy."""
+    return t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
 
 
 def _causal(q_len: int, kv_len: int, device) -> tuple[torch.Tensor | None, bool]:
@@ -87,6 +97,13 @@ def _ragged_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ra
     H_kv = key.shape[1]
     n_rep = query.shape[1] // H_kv
     ragged.append(key[0], value[0])
+    if decode_kernel.applies(query):
+        heads = [ragged.head_with_fed(h) for h in range(H_kv)]
+        jobs = decode_kernel.DecodeJobs(
+            [k.data_ptr() for k, _ in heads], [v.data_ptr() for _, v in heads], [len(k) for k, _ in heads],
+            [0] * H_kv, [0] * H_kv,
+        )  # fmt: skip
+        return decode_kernel.decode_step(query, jobs, scale)
     out = []
     for h in range(H_kv):
         k, v = ragged.head_with_fed(h)

@@ -24,6 +24,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from kvbench.engines import decode_kernel
+
 #: A row starts a new bucket when its widest head keeps fewer than this fraction of the bucket's widest row.
 BUCKET_RATIO = 0.75
 #: The smallest block an :class:`Arena` takes from the allocator, in bytes.
@@ -147,6 +149,7 @@ class BatchKV:
         self.head_dim, self.dtype, self.device = first.shape[-1], first.dtype, first.device
         empty = arena.empty if arena is not None else self._fresh
         counts = torch.tensor([[len(k) for k, _ in heads] for heads in rows], dtype=torch.long)
+        self._jobs: decode_kernel.DecodeJobs | None = None
         self.buckets = [
             self._bucket(rows[a:b], counts[a:b], a, b, extra, empty)
             for a, b in bucket_bounds(counts.max(1).values.tolist())
@@ -184,7 +187,7 @@ class BatchKV:
             raise ValueError("batches of different layer shapes, dtypes or devices cannot be concatenated")
         merged = cls.__new__(cls)
         merged.n_kv_heads, merged.head_dim, merged.dtype, merged.device = layout
-        merged.buckets, at = [], 0
+        merged.buckets, merged._jobs, at = [], None, 0
         for part in parts:
             for bk in part.buckets:
                 rows = bk.stop - bk.start
@@ -206,6 +209,9 @@ class BatchKV:
         if B != self.size:
             raise ValueError(f"query batch {B} != the {self.size} rows of the layer's batch")
         n_rep = H // self.n_kv_heads
+        if decode_kernel.applies(query):
+            return self._decode(query, key, value, scale)
+        self._jobs = None  # the kernel's job table counts fed entries; rebuilt when next needed
         out = []
         for bk in self.buckets:
             rows = slice(bk.start, bk.stop)
@@ -227,6 +233,37 @@ class BatchKV:
             )
             out.append(o.reshape(b, H, q, D))
         return torch.cat(out, 0) if len(out) > 1 else out[0]
+
+    def _decode(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """One decoding step of every row by :mod:`~kvbench.engines.decode_kernel`, which writes the new entries
+        after each row's fed ones and attends each (row, KV head) to its kept entries followed by its fed ones: the
+        same arithmetic as the row's child answering alone. query ``[B, H, 1, D]``; returns ``[B, H, 1, D]``."""
+        for bk in self.buckets:
+            if bk.filled + 1 > bk.extra:
+                raise ValueError(f"fed {bk.filled + 1} entries after the context; the batch has room for {bk.extra}")
+        jobs = self._decode_jobs()
+        out = decode_kernel.decode_step(query, jobs, scale, key, value)
+        jobs.n2 += 1
+        for bk in self.buckets:
+            bk.filled += 1
+        return out
+
+    def _decode_jobs(self) -> decode_kernel.DecodeJobs:
+        """The kernel's job table, one job per (row, KV head) in row order: kept entries at the start of the
+        bucket's buffer, fed ones from its ``width`` on. Built once and kept while the rows and buffers stay."""
+        if self._jobs is None:
+            parts = [[], [], [], [], []]
+            for bk in self.buckets:
+                b, h = bk.counts.shape
+                S, nbytes = bk.keys.shape[2], self.head_dim * bk.keys.element_size()
+                at = torch.arange(b * h, dtype=torch.int64) * (S * nbytes)
+                parts[0].append(at + bk.keys.data_ptr())
+                parts[1].append(at + bk.values.data_ptr())
+                parts[2].append(bk.counts.reshape(-1).cpu())
+                parts[3].append(torch.full((b * h,), bk.width, dtype=torch.int64))
+                parts[4].append(torch.full((b * h,), bk.filled, dtype=torch.int64))
+            self._jobs = decode_kernel.DecodeJobs(*(torch.cat(p) for p in parts))
+        return self._jobs
 
     def _attend_block(self, bk: _Bucket, query: torch.Tensor, before: int, scale: float | None) -> torch.Tensor:
         """A block of ``q > 1`` new queries on CPU, without a ``[q, L]`` mask: SDPA's flash kernel (which returns the
@@ -282,4 +319,4 @@ class BatchKV:
             bk.start, bk.stop = at, at + len(local)
             at = bk.stop
             buckets.append(bk)
-        self.buckets = buckets
+        self.buckets, self._jobs = buckets, None

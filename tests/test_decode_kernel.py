@@ -1,0 +1,166 @@
+"""kvbench's decode-attention kernel (kvbench/engines/decode_kernel.py, decode_attention.c).
+
+References: an explicit float64 softmax per query row (the definition of attention), and the kernel itself on the
+same logical entries laid out differently (one run or two, alone or among other jobs): the output of a job must
+not depend on anything but its query rows and its entries, bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+
+import pytest
+import torch
+
+from kvbench.engines import decode_kernel as dk
+
+
+@pytest.fixture
+def kernel_on(monkeypatch):
+    monkeypatch.delenv("KVBENCH_DECODE_KERNEL", raising=False)
+    dk._load.cache_clear()
+    if dk._load()[0] is None:
+        pytest.skip(f"optional: no C compiler here to build the kernel ({dk.status()})")
+    yield
+    dk._load.cache_clear()
+
+
+def _reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """query ``[nq, D]``, keys / values ``[L, D]``: softmax(q k^T scale) v in float64."""
+    w = torch.softmax(query.double() @ keys.double().T * scale, -1)
+    return (w @ values.double()).float()
+
+
+def _two_run_jobs(lengths, D, room, seed):
+    """One buffer per job: ``n1`` random entries at rows 0.., ``n2`` more from row ``off2 = n1 + room`` on."""
+    g = torch.Generator().manual_seed(seed)
+    bufs = []
+    for n1, n2 in lengths:
+        off2 = n1 + room
+        k, v = torch.randn(off2 + n2 + 1, D, generator=g), torch.randn(off2 + n2 + 1, D, generator=g)
+        bufs.append((k, v, n1, off2, n2))
+    jobs = dk.DecodeJobs(
+        [b[0].data_ptr() for b in bufs], [b[1].data_ptr() for b in bufs], [b[2] for b in bufs], [b[3] for b in bufs],
+        [b[4] for b in bufs],
+    )  # fmt: skip
+    return bufs, jobs
+
+
+@pytest.mark.parametrize("D", [64, 128, 256, 48, 8])
+@pytest.mark.parametrize("nq", [1, 2, 8])
+def test_kernel_equals_explicit_softmax(kernel_on, D, nq):
+    """Two runs per job (sizes 0, 1, 16, 17 and a long one), then an entry written in place and attended last."""
+    lengths = [(0, 3), (1, 0), (16, 1), (17, 15), (700, 5), (33, 0)]
+    bufs, jobs = _two_run_jobs(lengths, D, room=4, seed=D + nq)
+    J = len(lengths)
+    query = torch.randn(J, nq, D)
+    new_k, new_v = torch.randn(J, D), torch.randn(J, D)
+    scale = 0.7 * D**-0.5
+    out = dk.decode_attention(query, jobs, scale, new_k, new_v)
+    for j, (k, v, n1, off2, n2) in enumerate(bufs):
+        assert torch.equal(k[off2 + n2], new_k[j]) and torch.equal(v[off2 + n2], new_v[j])  # written in place
+        keys = torch.cat([k[:n1], k[off2 : off2 + n2 + 1]])
+        values = torch.cat([v[:n1], v[off2 : off2 + n2 + 1]])
+        torch.testing.assert_close(out[j], _reference(query[j], keys, values, scale), atol=2e-6, rtol=1e-5)
+
+
+def test_a_job_depends_only_on_its_entries(kernel_on):
+    """The same logical entries as one run or split in two at any point, computed alone or among other jobs:
+    bit-identical outputs (what makes a child's batched decoding step equal its step alone)."""
+    torch.manual_seed(3)
+    D, nq, L = 64, 2, 301
+    keys, values, query = torch.randn(L, D), torch.randn(L, D), torch.randn(1, nq, D)
+    alone = dk.decode_attention(query, dk.DecodeJobs.heads(keys[None], values[None]), 0.125)
+    for split in (0, 1, 15, 16, 150, L - 1, L):
+        k = torch.cat([keys[:split], torch.full((9, D), float("nan")), keys[split:]])  # a gap that is never read
+        v = torch.cat([values[:split], torch.full((9, D), float("nan")), values[split:]])
+        jobs = dk.DecodeJobs([k.data_ptr()], [v.data_ptr()], [split], [split + 9], [L - split])
+        assert torch.equal(dk.decode_attention(query, jobs, 0.125), alone)
+    others = torch.randn(5, 40, D)
+    crowd = dk.DecodeJobs(
+        [others[0].data_ptr(), keys.data_ptr(), *(o.data_ptr() for o in others[1:])],
+        [others[0].data_ptr(), values.data_ptr(), *(o.data_ptr() for o in others[1:])],
+        [40, L, 40, 40, 40, 40], [0] * 6, [0] * 6,
+    )  # fmt: skip
+    queries = torch.randn(6, nq, D)
+    queries[1] = query[0]
+    assert torch.equal(dk.decode_attention(queries, crowd, 0.125)[1], alone[0])
+
+
+def test_generic_path_equals_explicit_softmax(kernel_on):
+    """The plain-C path (machines without AVX-512), built here with AVX-512 turned off."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the generic build flag below is x86's")
+    kernel = dk._Kernel(dk._build(dk._compiler(), [*dk.FLAGS, "-mno-avx512f"]))
+    assert kernel.path == "generic"
+    bufs, jobs = _two_run_jobs([(20, 3), (0, 1), (64, 0)], 64, room=2, seed=5)
+    query = torch.randn(3, 2, 64)
+    out = dk.decode_attention(query, jobs, 0.125, kernel=kernel)
+    for j, (k, v, n1, off2, n2) in enumerate(bufs):
+        keys, values = torch.cat([k[:n1], k[off2 : off2 + n2]]), torch.cat([v[:n1], v[off2 : off2 + n2]])
+        torch.testing.assert_close(out[j], _reference(query[j], keys, values, 0.125), atol=2e-6, rtol=1e-5)
+
+
+def test_built_once_per_machine_and_source(kernel_on, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    first = dk._build(dk._compiler())
+    assert first.parent == tmp_path / "kernels" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert dk._build(dk._compiler()) == first and first.stat().st_mtime_ns == stamp  # found, not rebuilt
+    assert dk._build(dk._compiler(), [*dk.FLAGS, "-DKVB_OTHER"]) != first  # other flags: another build
+    assert not list(tmp_path.glob("kernels/*.tmp"))
+
+
+def test_off_switch_and_a_broken_compiler_say_why(monkeypatch, caplog):
+    monkeypatch.setenv("KVBENCH_DECODE_KERNEL", "0")
+    dk._load.cache_clear()
+    try:
+        assert dk.status() == "sdpa (KVBENCH_DECODE_KERNEL=0)"
+        assert not dk.applies(torch.zeros(1, 4, 1, 8))
+        with pytest.raises(RuntimeError, match="off"):
+            dk.decode_attention(torch.zeros(1, 1, 8), dk.DecodeJobs([0], [0], [0], [0], [0]), 1.0)
+        monkeypatch.delenv("KVBENCH_DECODE_KERNEL")
+        monkeypatch.setenv("CC", "/nonexistent/cc")
+        dk._load.cache_clear()
+        monkeypatch.setattr(dk, "_warned", False)
+        with caplog.at_level(logging.WARNING, logger="kvbench.engines.decode_kernel"):
+            assert not dk.available()
+        assert dk.status().startswith("sdpa (kvbench's decode-attention kernel failed to build or load")
+        assert "/nonexistent/cc" in caplog.text
+    finally:
+        dk._load.cache_clear()
+
+
+def test_refuses_what_it_cannot_attend(kernel_on):
+    with pytest.raises(ValueError, match="contiguous"):
+        dk.DecodeJobs.heads(torch.zeros(2, 8, 5).transpose(1, 2), torch.zeros(2, 5, 8))
+    jobs = dk.DecodeJobs.heads(torch.zeros(2, 5, 8), torch.zeros(2, 5, 8))
+    with pytest.raises(ValueError, match="float32"):
+        dk.decode_attention(torch.zeros(2, 1, 8, dtype=torch.bfloat16), jobs, 1.0)
+    with pytest.raises(ValueError, match="3 query jobs for 2"):
+        dk.decode_attention(torch.zeros(3, 1, 8), jobs, 1.0)
+
+
+def test_batched_step_is_bitwise_each_row_alone(kernel_on):
+    """A decoding step of a bucketed batch (BatchKV, padding between rows' kept entries and their fed ones) gives
+    every row exactly the attention output of that row's entries attended alone, contiguous."""
+    from kvbench.engines.batch_kv import BatchKV
+
+    torch.manual_seed(4)
+    H, H_kv, D = 4, 2, 64
+    counts = [[300, 120], [290, 0], [40, 50], [7, 3]]
+    rows = [[(torch.randn(c, D), torch.randn(c, D)) for c in heads] for heads in counts]
+    batch = BatchKV(rows, extra=6)
+    fed_k, fed_v = torch.randn(len(rows), H_kv, 3, D), torch.randn(len(rows), H_kv, 3, D)
+    batch.attend(torch.randn(len(rows), H, 3, D), fed_k, fed_v, None)  # a question block (SDPA)
+    query = torch.randn(len(rows), H, 1, D)
+    new_k, new_v = torch.randn(len(rows), H_kv, 1, D), torch.randn(len(rows), H_kv, 1, D)
+    out = batch.attend(query, new_k, new_v, None)
+    for r, heads in enumerate(rows):
+        keys = [torch.cat([k, fed_k[r, h], new_k[r, h]]) for h, (k, _) in enumerate(heads)]
+        values = [torch.cat([v, fed_v[r, h], new_v[r, h]]) for h, (_, v) in enumerate(heads)]
+        jobs = dk.DecodeJobs([k.data_ptr() for k in keys], [v.data_ptr() for v in values], [len(k) for k in keys],
+                             [0, 0], [0, 0])  # fmt: skip
+        alone = dk.decode_step(query[r : r + 1], jobs, None)
+        assert torch.equal(out[r : r + 1], alone)
