@@ -335,7 +335,7 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
         "random_weights": lm.random_weights,
         "model_shape": model_shape(lm.model),
         "engine": config.engine,
-        "decode_attention": _decode_attention(config),
+        "decode_kernels": _decode_kernels(config),
         "seed": config.seed,
         "config": cfg,
         "command": sys.argv,
@@ -348,9 +348,9 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
     }
 
 
-def _decode_attention(config: RunConfig) -> str:
-    """What the run's float32 CPU decoding steps attend with (the torch engine; :mod:`~kvbench.engines.decode_kernel`):
-    other dtypes and devices, and the vLLM engine, use their own attention."""
+def _decode_kernels(config: RunConfig) -> str:
+    """What the run's float32 CPU decoding steps run on (the torch engine: kvbench's decode kernels or PyTorch, see
+    :mod:`~kvbench.engines.decode_kernel`); other dtypes and devices, and the vLLM engine, use their own code."""
     if config.engine != "torch":
         return "engine's own"
     from kvbench.engines import decode_kernel

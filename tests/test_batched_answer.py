@@ -350,7 +350,7 @@ def test_runner_batched_rows_equal_one_at_a_time_and_resume_each_other(tmp_path)
     from kvbench.engines import decode_kernel
 
     runs = json.loads((many / "manifest.json").read_text())["runs"]
-    assert runs[0]["decode_attention"] == decode_kernel.status()  # what the decoding steps attended with
+    assert runs[0]["decode_kernels"] == decode_kernel.status()  # what the decoding steps ran
 
 
 def test_runner_pools_contexts_and_rows_equal_one_at_a_time(tmp_path):

@@ -164,3 +164,91 @@ def test_batched_step_is_bitwise_each_row_alone(kernel_on):
                              [0, 0], [0, 0])  # fmt: skip
         alone = dk.decode_step(query[r : r + 1], jobs, None)
         assert torch.equal(out[r : r + 1], alone)
+
+
+def _gdn_inputs(B, Hk, Hv, Dk, Dv, T=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, T, Hk, Dk, generator=g), torch.randn(B, T, Hk, Dk, generator=g)
+    v = torch.randn(B, T, Hv, Dv, generator=g)
+    decay, beta = -torch.rand(B, T, Hv, generator=g), torch.rand(B, T, Hv, generator=g)
+    state = torch.randn(B, Hv, Dk, Dv, generator=g)
+    return q, k, v, decay, beta, state
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 2, 64, 64), (2, 2, 4, 32, 48), (1, 1, 1, 16, 16)])
+@pytest.mark.parametrize("l2norm", [True, False])
+def test_gdn_step_equals_transformers_recurrent_rule(kernel_on, shape, l2norm):
+    """Against transformers' own one-token recurrence (the reference the GDN forward calls without the kernel),
+    grouped value heads included; the input state is not written."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+    q, k, v, decay, beta, state = _gdn_inputs(*shape)
+    before = state.clone()
+    ref_out, ref_state = hf.torch_recurrent_gated_delta_rule(
+        q, k, v, g=decay, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=l2norm
+    )
+    out, new_state = dk.gdn_step(q, k, v, decay, beta, state, l2norm)
+    assert torch.equal(state, before) and out.shape == ref_out.shape and new_state.shape == ref_state.shape
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(new_state, ref_state, atol=1e-5, rtol=1e-5)
+
+
+def test_gdn_step_rows_are_independent(kernel_on):
+    """A row's step is bitwise the same alone as among other rows (what keeps batched answers equal to lone ones)."""
+    q, k, v, decay, beta, state = _gdn_inputs(5, 2, 2, 64, 64, seed=1)
+    out, new_state = dk.gdn_step(q, k, v, decay, beta, state, True)
+    for r in (0, 3):
+        one = slice(r, r + 1)
+        out_r, state_r = dk.gdn_step(q[one], k[one], v[one], decay[one], beta[one], state[one], True)
+        assert torch.equal(out_r, out[one]) and torch.equal(state_r, new_state[one])
+
+
+def test_decode_kernels_route_one_float32_token_and_restore(kernel_on):
+    """Inside ``decode_kernels`` a one-token float32 call runs the kernel, a longer block transformers' function;
+    leaving restores transformers' function."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+    from kvbench.engines.hf_adapters import HybridAdapter
+    from tests.conftest import tiny_model
+
+    adapter = HybridAdapter(tiny_model("qwen3_next"))
+    original = hf.torch_recurrent_gated_delta_rule
+    one = _gdn_inputs(2, 2, 2, 64, 64, seed=2)
+    two = _gdn_inputs(2, 2, 2, 64, 64, T=2, seed=3)
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    with adapter.decode_kernels():
+        patched = hf.torch_recurrent_gated_delta_rule
+        assert patched is not original
+        with adapter.decode_kernels():  # nested: nothing installed twice
+            assert hf.torch_recurrent_gated_delta_rule is patched
+        out, state = patched(*one[:3], g=one[3], beta=one[4], initial_state=one[5], **kw)
+        assert all(torch.equal(a, b) for a, b in zip((out, state), dk.gdn_step(*one, True), strict=True))
+        out2, state2 = patched(*two[:3], g=two[3], beta=two[4], initial_state=two[5], **kw)
+        ref2 = original(*two[:3], g=two[3], beta=two[4], initial_state=two[5], **kw)
+        assert torch.equal(out2, ref2[0]) and torch.equal(state2, ref2[1])
+    assert hf.torch_recurrent_gated_delta_rule is original
+
+
+def test_answers_step_gdn_layers_by_the_kernel(kernel_on, monkeypatch):
+    """A child answering alone and children answering batched both take the GDN step kernel at every decoding
+    step of every GDN layer, and the parent's end-of-context states stay as they were."""
+    from kvbench import budgets
+    from kvbench.engines.torch_engine import TorchEngine
+    from tests.conftest import tiny_model
+
+    calls = []
+    real = dk.gdn_step
+    monkeypatch.setattr(dk, "gdn_step", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    engine = TorchEngine(tiny_model("qwen3_next"))
+    parent = engine.prefill(list(range(3, 90)), prot=2)
+    states = [s.clone() for s in parent.cache.layers[parent.gdn_layer_ids[0]].recurrent_states.values()]
+    children = [parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)) for _ in range(3)]
+    alone = children[0].answer([5, 6, 7], max_new_tokens=4, context_sha256=parent.sha256, stop_ids=())
+    n_gdn = len(parent.gdn_layer_ids)
+    assert calls == [1] * n_gdn * (len(alone.token_ids) - 1)  # every step after the question block
+    calls.clear()
+    parent.answer_children(children, [5, 6, 7], max_new_tokens=4, context_sha256=parent.sha256, stop_ids=())
+    steps, leading = len(alone.token_ids) - 1, len(engine.adapter.leading_gdn_layer_ids)
+    assert sorted(calls) == sorted([1] * leading * steps + [3] * (n_gdn - leading) * steps)  # shared layers: one row
+    after = list(parent.cache.layers[parent.gdn_layer_ids[0]].recurrent_states.values())
+    assert all(torch.equal(a, b) for a, b in zip(states, after, strict=True))

@@ -1,4 +1,5 @@
-/* Single-query attention for decoding steps on CPU, float32: kvbench's decode-attention kernel.
+/* kvbench's decode kernels, float32 on CPU: single-query attention (kvb_decode_attention) and one step of the gated
+ * delta rule (kvb_gdn_step, at the end of the file).
  *
  * Built and loaded by kvbench/engines/decode_kernel.py (read its docstring first). A *job* is one KV head of one
  * sequence: its nq query rows (the query heads sharing that KV head) attend to the job's entries, which lie in up to
@@ -172,4 +173,34 @@ int kvb_decode_attention(const float *q, const int64_t *kptr, const int64_t *vpt
         free(s);
     }
     return failed ? -1 : 0;
+}
+
+/* One gated delta rule step (a GDN layer's recurrence for one fed token) for R (row, value head) pairs, float32:
+ * with S the pair's state [Dk, Dv] (state_in, never written), d = exp(g):
+ *   S' = d S;  m_j = sum_i S'_ij k_i;  delta_j = beta (v_j - m_j);  S''_ij = S'_ij + k_i delta_j;  o_j = sum_i S''_ij q_i
+ * S'' goes to state_out and o to out. q, k: [R, Dk] (normalised and scaled by the caller); v, out: [R, Dv]; g, beta:
+ * [R]. Sums run over i in order, each pair on one thread: a pair's result depends only on its own inputs. Each state
+ * is read twice (the second time from L1: 16 KB at Dk = Dv = 64) and written once. */
+void kvb_gdn_step(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                  const float *state_in, float *state_out, float *out, int64_t R, int64_t Dk, int64_t Dv) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *S = state_in + r * Dk * Dv, *qr = q + r * Dk, *kr = k + r * Dk, *vr = v + r * Dv;
+        float *T = state_out + r * Dk * Dv, *o = out + r * Dv;
+        const float d = expf(g[r]), b = beta[r];
+        float m[Dv], delta[Dv];
+        for (int64_t j = 0; j < Dv; j++) m[j] = 0.0f;
+        for (int64_t i = 0; i < Dk; i++)
+            for (int64_t j = 0; j < Dv; j++) m[j] += (S[i * Dv + j] * d) * kr[i];
+        for (int64_t j = 0; j < Dv; j++) {
+            delta[j] = (vr[j] - m[j]) * b;
+            o[j] = 0.0f;
+        }
+        for (int64_t i = 0; i < Dk; i++)
+            for (int64_t j = 0; j < Dv; j++) {
+                const float s = S[i * Dv + j] * d + kr[i] * delta[j];
+                T[i * Dv + j] = s;
+                o[j] += s * qr[i];
+            }
+    }
 }

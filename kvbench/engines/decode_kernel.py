@@ -1,18 +1,26 @@
-"""kvbench's decode-attention kernel: single-query attention on CPU in float32, at memory speed.
+"""kvbench's decode kernels: the two parts of a decoding step that PyTorch runs far below memory speed on CPU.
 
-A decoding step reads every kept entry of every answering child once. PyTorch's CPU SDPA streams them at about
-10 GB/s on the 2-core machines kvbench is developed on (the folded-GQA single-query shape is neither its
-bandwidth- nor its compute-optimal case); this kernel (``decode_attention.c``, plain C with an AVX-512 path) streams
-them at 25-30 GB/s (``python benchmarks/decode_attention.py``). It is used for every float32 CPU decoding step of
-the torch engine, by a child answering alone and by children answering in a batch alike, and its arithmetic per
-KV head depends only on that head's query rows and entries: the two paths get bit-identical attention outputs.
-Everything else (prefill, question blocks, scoring, other dtypes and devices) stays on SDPA.
+**Attention** (:func:`decode_attention`, :func:`decode_step`). A decoding step reads every kept entry of every
+answering child once. PyTorch's CPU SDPA streams them at about 10 GB/s on the 2-core machines kvbench is developed
+on (the folded-GQA single-query shape is neither its bandwidth- nor its compute-optimal case); this kernel streams
+them at 25-30 GB/s (``python benchmarks/decode_attention.py``). Its arithmetic per KV head depends only on that
+head's query rows and entries: a child answering alone and the same child in a batch get bit-identical attention.
 
-The C file is compiled on first use with the machine's C compiler (``$CC``, else ``gcc``, else ``cc``;
-``-O3 -march=native``, OpenMP against the libgomp torch itself loaded) into ``$KVBENCH_CACHE/kernels`` (default
-``~/.cache/kvbench/kernels``), keyed by the source, the flags, the compiler and the CPU. ``KVBENCH_DECODE_KERNEL=0``
-turns it off (SDPA everywhere, today's numerics of earlier releases); without a working compiler it is off too, and
-:func:`status` says why (the run manifest records it, and the first use logs a warning naming the fix).
+**GDN step** (:func:`gdn_step`). transformers' one-token gated delta rule makes about six passes over every
+recurrent state (``[Hv, Dk, Dv]`` per row); a batched step's states do not fit in cache, so it runs at memory
+speed several times over. The kernel reads each state once and writes it once, row by row.
+
+Both are used for every float32 CPU decoding step of the torch engine, alone and batched alike (the attention
+through ``kvbench_sdpa`` and ``BatchKV``, the GDN step through :meth:`HybridAdapter.decode_kernels
+<kvbench.engines.hf_adapters.HybridAdapter.decode_kernels>` while children answer). Prefill, question blocks,
+scoring passes, other dtypes and devices keep PyTorch's and transformers' code.
+
+The C file (``decode_attention.c``) is compiled on first use with the machine's C compiler (``$CC``, else ``gcc``,
+else ``cc``; ``-O3 -march=native``, OpenMP against the libgomp torch itself loaded, so it uses torch's threads)
+into ``$KVBENCH_CACHE/kernels`` (default ``~/.cache/kvbench/kernels``), keyed by the source, the flags, the
+compiler and the CPU. ``KVBENCH_DECODE_KERNEL=0`` turns both off (PyTorch everywhere, the numerics of earlier
+releases); without a working compiler they are off too, and :func:`status` says why (the run manifest records
+it, and the first use logs a warning naming the fix).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import torch
 
 from kvbench.cache import cache_dir
 
-__all__ = ["DecodeJobs", "applies", "available", "decode_attention", "decode_step", "status"]
+__all__ = ["DecodeJobs", "applies", "available", "decode_attention", "decode_step", "gdn_step", "status"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,9 @@ class _Kernel:
         self.fn = self.lib.kvb_decode_attention
         self.fn.restype = ctypes.c_int
         self.fn.argtypes = [_P] * 9 + [_I] * 3 + [ctypes.c_float]
+        self.gdn = self.lib.kvb_gdn_step
+        self.gdn.restype = None
+        self.gdn.argtypes = [_P] * 8 + [_I] * 3
 
 
 def _cpu_id() -> str:
@@ -113,7 +124,7 @@ _warned = False
 
 
 def available() -> bool:
-    """Whether the kernel is built and on (see the module docstring). The first ``False`` logs a warning saying
+    """Whether the kernels are built and on (see the module docstring). The first ``False`` logs a warning saying
     why, unless it was turned off on purpose."""
     global _warned
     kernel, why = _load()
@@ -204,3 +215,44 @@ def decode_step(
     J = len(jobs.n1)
     scale = D**-0.5 if scale is None else scale
     return decode_attention(query.reshape(J, B * H // J, D), jobs, scale, new_keys, new_values).reshape(B, H, 1, D)
+
+
+def gdn_step(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool = False,
+    kernel: _Kernel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fed token of a GDN layer's gated delta rule, as transformers' ``torch_recurrent_gated_delta_rule`` with
+    one token computes it (the same preparation: value heads served by grouped query/key heads, optional L2
+    normalisation, queries divided by ``sqrt(Dk)``), the recurrence by the kernel (``kvb_gdn_step``: each state read
+    from memory once and written once, where the reference makes about six passes over it).
+
+    query / key ``[B, 1, Hk, Dk]``, value ``[B, 1, Hv, Dv]``, g / beta ``[B, 1, Hv]``, initial_state ``[B, Hv, Dk,
+    Dv]`` (not written); float32 on CPU. Returns the output ``[B, 1, Hv, Dv]`` and the new state."""
+    kernel = kernel or _load()[0]
+    if kernel is None:
+        raise RuntimeError(f"the decode kernels are off: {status()}")
+    B, T, Hk, Dk = key.shape
+    Hv, Dv = value.shape[-2:]
+    if T != 1 or query.dtype != torch.float32 or initial_state.dtype != torch.float32:
+        raise ValueError("the GDN step kernel takes one float32 token")
+    if Hk != Hv:
+        query, key = (x.repeat_interleave(Hv // Hk, dim=2) for x in (query, key))
+    if use_qk_l2norm_in_kernel:
+        query, key = (x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6) for x in (query, key))
+    query = query / (Dk**0.5)
+    q, k, v = (x.reshape(B * Hv, -1).contiguous() for x in (query, key, value))
+    g_, beta_ = (x.reshape(B * Hv).float().contiguous() for x in (g, beta))
+    state_in = initial_state.contiguous()
+    state_out = torch.empty_like(state_in)
+    out = torch.empty(B, 1, Hv, Dv, dtype=torch.float32)
+    kernel.gdn(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), g_.data_ptr(), beta_.data_ptr(), state_in.data_ptr(),
+        state_out.data_ptr(), out.data_ptr(), B * Hv, Dk, Dv,
+    )  # fmt: skip
+    return out, state_out

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import nn
 
+from kvbench.engines import decode_kernel
 from kvbench.errors import ModelError
 
 GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
@@ -109,6 +112,46 @@ class HybridAdapter:
 
     def recorder(self, query_window: int) -> Recorder:
         return Recorder(self, query_window)
+
+    @contextmanager
+    def decode_kernels(self) -> Iterator[None]:
+        """While active, this family's one-token GDN recurrence (transformers' ``torch_recurrent_gated_delta_rule``,
+        which the GDN forward looks up at call time) runs kvbench's GDN step kernel
+        (:func:`kvbench.engines.decode_kernel.gdn_step`) on float32 CPU inputs when the kernel is built; any other
+        call goes to transformers' function unchanged. The torch engine holds it while children answer, alone and
+        batched alike, so both take the same arithmetic."""
+        patched = []
+        for mod_name in self.kernel_modules:
+            mod = sys.modules[mod_name]
+            original = getattr(mod, GDN_KERNELS[1])
+            if getattr(original, "kvbench_decode_step", False):
+                continue  # already installed by an enclosing use
+
+            def rule(query, key, value, *args, original=original, **kwargs):
+                state = kwargs.get("initial_state")
+                if (
+                    not args
+                    and query.shape[1] == 1
+                    and state is not None
+                    and kwargs.get("cu_seqlens") is None
+                    and query.dtype == state.dtype == torch.float32
+                    and query.device.type == "cpu"
+                    and decode_kernel.available()
+                ):
+                    l2norm = kwargs.get("use_qk_l2norm_in_kernel", False)
+                    g, beta = kwargs["g"], kwargs["beta"]
+                    out, new_state = decode_kernel.gdn_step(query, key, value, g, beta, state, l2norm)
+                    return out, new_state if kwargs.get("output_final_state", False) else None
+                return original(query, key, value, *args, **kwargs)
+
+            rule.kvbench_decode_step = True
+            setattr(mod, GDN_KERNELS[1], rule)
+            patched.append((mod, original))
+        try:
+            yield
+        finally:
+            for mod, original in patched:
+                setattr(mod, GDN_KERNELS[1], original)
 
 
 class Recorder:

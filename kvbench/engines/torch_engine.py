@@ -259,7 +259,7 @@ class TorchEngine(EngineBase):
         cache = self._working_cache(parent, attn_kv, room)
         device = self.device
         pos = parent.n
-        with self._ragged_layers(attn_kv):
+        with self._ragged_layers(attn_kv), self.adapter.decode_kernels():
             q = torch.tensor([list(question_ids)], device=device)
             out = self.model(
                 input_ids=q,
@@ -354,8 +354,14 @@ class TorchEngine(EngineBase):
         a row whose answer ended leaves the batch. Returns per lane its children's answers, in their order."""
         self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
-        device, start = self.device, time.perf_counter()
+        start = time.perf_counter()
         self._arena.reset()  # no batch of an earlier answer is in use any more
+        with self.adapter.decode_kernels():
+            return self._decode_lanes(lanes, stops, start)
+
+    def _decode_lanes(self, lanes: Sequence[_Lane], stops: set[int], start: float) -> list[list[Answer]]:
+        """:meth:`_answer_groups`'s loop (it holds the decode kernels around it)."""
+        device = self.device
         blocks = [self._question_block(lane) for lane in lanes]
         batch = [BatchKV.concat([b.batch[f] for b in blocks]) for f in range(len(blocks[0].batch))]
         cache = self._merge_caches(blocks, lanes[0].parent.gdn_layer_ids)
