@@ -103,20 +103,24 @@ def _build(cc: str, flags: Sequence[str] = FLAGS) -> Path:
 @lru_cache(maxsize=1)
 def _load() -> tuple[_Kernel | None, str]:
     if os.environ.get("KVBENCH_DECODE_KERNEL", "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, "sdpa (KVBENCH_DECODE_KERNEL=0)"
+        return None, "pytorch (KVBENCH_DECODE_KERNEL=0)"
     cc = _compiler()
     if cc is None:
-        return None, "sdpa (no C compiler found: install gcc or set CC to use kvbench's decode-attention kernel)"
-    try:
-        kernel = _Kernel(_build(cc))
-    except (OSError, RuntimeError) as e:
-        return None, f"sdpa (kvbench's decode-attention kernel failed to build or load: {e})"
-    return kernel, f"kvbench-c ({kernel.path})"
+        return None, "pytorch (no C compiler found: install gcc or set CC to use kvbench's decode kernels)"
+    errors = []
+    for flags in (FLAGS, [f for f in FLAGS if f != "-fopenmp"]):  # a compiler without OpenMP: one thread
+        try:
+            kernel = _Kernel(_build(cc, flags))
+        except (OSError, RuntimeError) as e:
+            errors.append(str(e))
+            continue
+        return kernel, f"kvbench-c ({kernel.path}{'' if '-fopenmp' in flags else ', one thread: no OpenMP'})"
+    return None, f"pytorch (kvbench's decode kernels failed to build or load: {errors[0]})"
 
 
 def status() -> str:
-    """What float32 CPU decoding steps attend with: ``"kvbench-c (avx512)"``, ``"kvbench-c (generic)"``, or
-    ``"sdpa (<why>)"``."""
+    """What float32 CPU decoding steps run on: ``"kvbench-c (avx512)"``, ``"kvbench-c (generic)"``, or
+    ``"pytorch (<why>)"`` (PyTorch's SDPA and transformers' GDN step)."""
     return _load()[1]
 
 
