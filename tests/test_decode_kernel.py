@@ -117,7 +117,10 @@ def test_off_switch_and_a_broken_compiler_say_why(monkeypatch, caplog):
     dk._load.cache_clear()
     try:
         assert dk.status() == "pytorch (KVBENCH_DECODE_KERNEL=0)"
-        assert not dk.applies(torch.zeros(1, 4, 1, 8))
+        monkeypatch.setattr(dk, "_warned", False)
+        with caplog.at_level(logging.WARNING, logger="kvbench.engines.decode_kernel"):
+            assert not dk.applies(torch.zeros(1, 4, 1, 8))
+        assert caplog.text == ""  # turned off on purpose: nothing to warn about
         with pytest.raises(RuntimeError, match="off"):
             dk.decode_attention(torch.zeros(1, 1, 8), dk.DecodeJobs([0], [0], [0], [0], [0]), 1.0)
         monkeypatch.delenv("KVBENCH_DECODE_KERNEL")
@@ -127,7 +130,7 @@ def test_off_switch_and_a_broken_compiler_say_why(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="kvbench.engines.decode_kernel"):
             assert not dk.available()
         assert dk.status().startswith("pytorch (kvbench's decode kernels failed to build or load")
-        assert "/nonexistent/cc" in caplog.text
+        assert "/nonexistent/cc" in caplog.text and "point CC at a working one" in caplog.text
     finally:
         dk._load.cache_clear()
 

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 FLAGS = ["-O3", "-march=native", "-std=gnu11", "-fPIC", "-shared", "-fopenmp"]
+#: :func:`status` when ``KVBENCH_DECODE_KERNEL=0`` turned the kernels off on purpose (no warning then).
+OFF = "pytorch (KVBENCH_DECODE_KERNEL=0)"
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -103,10 +105,13 @@ def _build(cc: str, flags: Sequence[str] = FLAGS) -> Path:
 @lru_cache(maxsize=1)
 def _load() -> tuple[_Kernel | None, str]:
     if os.environ.get("KVBENCH_DECODE_KERNEL", "1").strip().lower() in ("0", "off", "false", "no"):
-        return None, "pytorch (KVBENCH_DECODE_KERNEL=0)"
+        return None, OFF
     cc = _compiler()
     if cc is None:
-        return None, "pytorch (no C compiler found: install gcc or set CC to use kvbench's decode kernels)"
+        return None, (
+            "pytorch (no C compiler found: install gcc or set CC to use kvbench's decode kernels, or set "
+            "KVBENCH_DECODE_KERNEL=0 to decode with PyTorch without this warning)"
+        )
     errors = []
     for flags in (FLAGS, [f for f in FLAGS if f != "-fopenmp"]):  # a compiler without OpenMP: one thread
         try:
@@ -115,7 +120,10 @@ def _load() -> tuple[_Kernel | None, str]:
             errors.append(str(e))
             continue
         return kernel, f"kvbench-c ({kernel.path}{'' if '-fopenmp' in flags else ', one thread: no OpenMP'})"
-    return None, f"pytorch (kvbench's decode kernels failed to build or load: {errors[0]})"
+    return None, (
+        f"pytorch (kvbench's decode kernels failed to build or load: {errors[0]}; fix the C compiler or point CC at "
+        "a working one, or set KVBENCH_DECODE_KERNEL=0 to decode with PyTorch without this warning)"
+    )
 
 
 def status() -> str:
@@ -132,7 +140,7 @@ def available() -> bool:
     why, unless it was turned off on purpose."""
     global _warned
     kernel, why = _load()
-    if kernel is None and not _warned and "KVBENCH_DECODE_KERNEL=0" not in why:
+    if kernel is None and not _warned and why != OFF:
         log.warning("decode steps use %s", why)
         _warned = True
     return kernel is not None
