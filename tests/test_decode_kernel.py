@@ -277,3 +277,20 @@ def test_a_compiler_without_openmp_builds_a_one_thread_kernel(kernel_on, monkeyp
     for j, (k, v, n1, off2, n2) in enumerate(bufs):
         keys, values = torch.cat([k[:n1], k[off2 : off2 + n2]]), torch.cat([v[:n1], v[off2 : off2 + n2]])
         torch.testing.assert_close(out[j], _reference(query[j], keys, values, 0.125), atol=2e-6, rtol=1e-5)
+
+
+def test_sdpa_function_decodes_keys_whose_rows_are_not_contiguous(kernel_on):
+    """``kvbench_sdpa`` hands the kernel keys / values of any layout (copied when their rows are not contiguous)."""
+    import types
+
+    import torch.nn.functional as F
+
+    from kvbench.engines.attention import kvbench_sdpa
+
+    torch.manual_seed(7)
+    query = torch.randn(1, 4, 1, 64)
+    key = torch.randn(1, 300, 2, 64).transpose(1, 2)  # [1, H_kv, n, D], rows 128 floats apart
+    value = torch.randn(1, 300, 2, 64).transpose(1, 2)
+    out, _ = kvbench_sdpa(types.SimpleNamespace(), query, key, value, None, scaling=0.125)
+    ref = F.scaled_dot_product_attention(query, key, value, scale=0.125, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)

@@ -62,8 +62,8 @@ def kvbench_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         out, lse = sdpa_with_lse(query, key, value, scaling)
         recorder.record_lse(f, lse[0])
     elif recorder is None and decode_kernel.applies(query):
-        jobs = decode_kernel.DecodeJobs.heads(_rows_contiguous(key[0]), _rows_contiguous(value[0]))
-        out = decode_kernel.decode_step(query, jobs, scaling)
+        keys, values = _rows_contiguous(key[0]), _rows_contiguous(value[0])  # held: the jobs point into them
+        out = decode_kernel.decode_step(query, decode_kernel.DecodeJobs.heads(keys, values), scaling)
     else:
         n_rep = query.shape[1] // key.shape[1]
         mask, is_causal = _causal(query.shape[2], key.shape[2], query.device)

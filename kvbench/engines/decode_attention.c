@@ -126,8 +126,8 @@ static void job_generic(const float *q, const float *kb, const float *vb, int64_
 /* Attend J jobs. q, out: [J, nq, D]. kptr / vptr: [J] addresses of each job's first key / value row. n1, off2, n2:
  * [J] its runs (above). knew / vnew: NULL, or [J, D] entries to write at row off2 + n2 first and attend as the
  * second run's last (a batched decoding step feeding one token per job). Jobs run in parallel (OpenMP threads of
- * the process's runtime, shared with torch when built against its libgomp). Returns 0, or -1 if scratch memory
- * could not be allocated (nothing is written then). */
+ * the process's runtime, shared with torch when built against its libgomp). Returns 0, or -1 if a thread could not
+ * allocate its scratch memory (its jobs are then skipped: their outputs and new entries are not written). */
 int kvb_decode_attention(const float *q, const int64_t *kptr, const int64_t *vptr, const int64_t *n1,
                          const int64_t *off2, const int64_t *n2, const float *knew, const float *vnew, float *out,
                          int64_t J, int64_t nq, int64_t D, float scale) {
