@@ -31,7 +31,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from kvbench.atomic import write_atomic
 from kvbench.errors import KvbenchError
 from kvbench.rows import IDENTITY, Absent, defaults, identity_fields, normal_key
 
@@ -227,19 +227,10 @@ def _write_error(path: Path, e: OSError, saved: int) -> ResultsError:
 
 
 def _atomic_write(path: Path, text: str | bytes) -> None:
-    """Replace ``path`` by ``text`` (str: UTF-8) through a unique temporary file in the same directory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Replace ``path`` by ``text`` (str: UTF-8) atomically (:func:`kvbench.atomic.write_atomic`)."""
     try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(text, str):
-                text = text.encode("utf-8")
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise _write_error(path, e, 0) from None
 
 

@@ -1,0 +1,26 @@
+"""Crash-safe file writes: a reader sees the old file or the new one, never a part of either."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Replace ``path`` by ``data`` (str: UTF-8) through a unique temporary file in the same directory, flushed
+    to disk before the rename; the parent directory is created if missing. On error the temporary file is removed
+    and the ``OSError`` propagates (``path`` is untouched)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other readers
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
