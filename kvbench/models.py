@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
+from kvbench.atomic import write_atomic
 from kvbench.cache import cache_dir
 from kvbench.engines.attention import register_attention
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
@@ -264,8 +265,15 @@ class LoadedModel:
     context_length: int | None = None  # the length the model was trained for, when it says (kvbench_builtin.json)
 
 
-def load_model(name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
-    """Load a built-in model name, a local directory, or (online only) a hub id; None: ``DEFAULT_MODEL``."""
+def load_model(
+    name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None, *, weights: bool = True
+) -> LoadedModel:
+    """Load a built-in model name, a local directory, or (online only) a hub id; None: ``DEFAULT_MODEL``.
+
+    ``weights=False`` (an engine that loads the checkpoint itself, e.g. vLLM): config, tokenizer and fingerprint
+    only; ``model`` is built on the ``meta`` device (shapes and config, no storage). The fingerprint then comes
+    from :func:`cached_fingerprint`, which loads the weights on the CPU once per checkpoint and dtype when no
+    earlier load recorded it."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     check_dtype(dtype)
@@ -299,21 +307,88 @@ def load_model(name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dt
         )
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_attention(), dtype=torch_dtype)
-    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or corrupt weights file
-        raise ModelError(f"--model {name_or_path}: cannot load its weights ({_one_line(exc)})") from None
-    model = model.to(device).eval()
-    _check_finite(model, name_or_path)
-    try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(
             f"--model {name_or_path}: cannot load its tokenizer (tokenizer.json, tokenizer_config.json): "
             + _one_line(exc)
         ) from None
-    return LoadedModel(
-        name, model, tokenizer, fingerprint(model, tokenizer), random_weights, path, info.get("context_length")
-    )
+    if weights:
+        model = _load_weights(path, name_or_path, torch_dtype, device)
+        sha = fingerprint(model, tokenizer)
+        _store_fingerprint(path, torch_dtype, sha)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=register_attention(), dtype=torch_dtype
+            )
+        model.eval()
+        sha = cached_fingerprint(path, name_or_path, torch_dtype, tokenizer)
+    return LoadedModel(name, model, tokenizer, sha, random_weights, path, info.get("context_length"))
+
+
+def _load_weights(path: str, name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_attention(), dtype=dtype)
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or corrupt weights file
+        raise ModelError(f"--model {name}: cannot load its weights ({_one_line(exc)})") from None
+    model = model.to(device).eval()
+    _check_finite(model, name)
+    return model
+
+
+def _checkpoint_key(path: str, dtype: torch.dtype) -> str | None:
+    """What identifies a local checkpoint's files cheaply: config, tokenizer and template bytes, and each weight
+    file's name, size, modification time and safetensors header; None for a hub id (not a local directory).
+    Any write to a weight file changes the key, so a stale fingerprint is never reused."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256(str(dtype).encode())
+    for f in sorted(root.iterdir()):
+        if not f.is_file():
+            continue
+        if f.suffix in (".json", ".jinja", ".model", ".txt"):
+            h.update(f.name.encode() + f.read_bytes())
+        elif f.suffix in (".safetensors", ".bin"):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 16))  # a safetensors file starts with its header (names, dtypes, shapes)
+    return h.hexdigest()
+
+
+def _fingerprint_file(path: str, dtype: torch.dtype) -> Path | None:
+    key = _checkpoint_key(path, dtype)
+    return None if key is None else cache_dir() / "fingerprints" / f"{key}.json"
+
+
+def _store_fingerprint(path: str, dtype: torch.dtype, sha: str) -> None:
+    target = _fingerprint_file(path, dtype)
+    if target is not None:
+        try:
+            write_atomic(target, json.dumps({"fingerprint": sha, "source": str(path), "dtype": str(dtype)}))
+        except OSError:  # a read-only cache only costs a later weights load
+            pass
+
+
+def cached_fingerprint(path: str, name: str, dtype: torch.dtype, tokenizer) -> str:
+    """The :func:`fingerprint` of checkpoint ``path`` loaded in ``dtype``, from the kvbench cache when an earlier
+    load of the same files recorded it; otherwise the weights are loaded on the CPU once, fingerprinted, recorded
+    and freed (so rows and calibration artifacts name the same weights whichever engine ran them)."""
+    target = _fingerprint_file(path, dtype)
+    if target is not None and target.is_file():
+        try:
+            return str(json.loads(target.read_text())["fingerprint"])
+        except (ValueError, KeyError):
+            pass  # a damaged cache entry: recompute it
+    model = _load_weights(path, name, dtype, "cpu")
+    sha = fingerprint(model, tokenizer)
+    del model
+    _store_fingerprint(path, dtype, sha)
+    return sha
 
 
 #: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
