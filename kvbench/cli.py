@@ -139,6 +139,12 @@ def run(
     gpus_per_worker: Optional[float] = typer.Option(
         None, "--gpus-per-worker", help="With --ray: GPUs Ray gives each worker (with --device cuda)."
     ),
+    no_reference: bool = typer.Option(
+        False,
+        "--no-reference",
+        help="Leave out the no-prune reference (method full: one child per context keeping everything) that every "
+        "run adds so the report can show each method's drop from it.",
+    ),
     set_: list[str] = typer.Option(
         [],
         "--set",
@@ -178,6 +184,7 @@ def run(
         method_options=parse_method_options(set_),
         answer_batch=answer_batch,
         answer_contexts=answer_contexts,
+        reference=not no_reference,
     )
     models = _split(model) or [None]
     if ray is not None:

@@ -183,7 +183,7 @@ def test_runner_rows_record_the_default_allocation(tmp_path, capsys):
 
     out = tmp_path / "o"
     assert kvbench("run", "--model", "tiny-random", "--method", "test-keynorm", "--allocation", "flat", "--limit", "1",
-                   "--length", "600", "--p", "0.5", "--out", str(out)) == 0, capsys.readouterr().err  # fmt: skip
+                   "--length", "600", "--p", "0.5", "--no-reference", "--out", str(out)) == 0, capsys.readouterr().err  # fmt: skip
     assert {r["default_allocation"] for r in read_rows(out)} == {"pyramid"}  # the class's, not the one run
 
 
