@@ -95,7 +95,7 @@ def test_a_setting_with_only_no_prune_rows_says_so():
 def test_rows_without_the_reference_name_the_flag():
     md = render_markdown([r for r in make_rows() if r["method"] != "full"])
     assert "no prune" not in md and "| snapkv [uniform] | 70.0 | 45.0 |" in md  # no no-prune row or difference
-    assert "rerun its `kvbench run` command without --no-reference" in md
+    assert "No no-prune rows for m on bench1: rerun without --no-reference (rows there are kept)." in md
     assert "--no-reference" not in render_markdown(make_rows())
 
 

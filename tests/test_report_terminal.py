@@ -113,11 +113,10 @@ def test_headline_notes_name_the_flag_that_acts():
     assert len(notes) == 1 and "--method gatesight,snapkv" in notes[0]
     assert not any("CI reference" in n or "no kvzip" in n or "paired" in n for n in notes)
     given = choice_notes(avg, "nowhere", "gatesight", given_reference="nowhere")
-    assert given[0].startswith("--reference nowhere: the rows have no nowhere") and "gatesight" in given[0]
+    assert given == ["--reference nowhere: no nowhere rows, so no confidence intervals; name one of gatesight", *notes]
     two = headline_rows() + [{**r, "method": "snapkv", "allocation": "flat"} for r in headline_rows()
                              if r["method"] == "gatesight"]  # fmt: skip
     avg2 = T.averaged(T.task_scores(usable(frame(two))))
     assert choice_notes(avg2, "gatesight", "gatesight") == [
-        'the "Every method against" tables compare with gatesight (the rows have no kvzip); --compare METHOD names '
-        "another"
+        'the "Every method against" tables compare with gatesight (no kvzip rows); --compare METHOD picks another'
     ]

@@ -188,11 +188,9 @@ def reference_note(rows: Rows) -> str:
     lacking = [key for key, g in df.groupby(SETTING, sort=True) if split_reference(g)[0].empty]
     if not lacking:
         return ""
-    which = setting_title(lacking[0]) + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
-    return (
-        f"no no-prune rows ({FULL}) for {which}: rerun its `kvbench run` command without --no-reference to add "
-        "them (the rows already there are kept), so the tables show each method's drop from it"
-    )
+    model, bench = lacking[0][SETTING.index("model")], lacking[0][SETTING.index("bench")]
+    more = f" and {len(lacking) - 1} more" if len(lacking) > 1 else ""
+    return f"no no-prune rows for {model} on {bench}{more}: rerun without --no-reference (rows there are kept)"
 
 
 def group_title(key: tuple, tasks: Sequence[str] = ()) -> str:
@@ -434,19 +432,15 @@ def choice_notes(
     present = set(avg.method.astype(str))
     notes = []
     views = [("confidence intervals", "--reference", given_reference, reference, REFERENCE),
-             ('"Every method against" tables', "--compare", given_compare, compare, COMPARE)]  # fmt: skip
+             ('the "Every method against" tables', "--compare", given_compare, compare, COMPARE)]  # fmt: skip
     for what, flag, given, chosen, default in views:
         if given is not None and given not in present:
-            notes.append(f"{flag} {given}: the rows have no {given}, so the report has no {what}; name one of "
-                         f"{', '.join(methods) or '(no method to compare)'}")  # fmt: skip
+            notes.append(f"{flag} {given}: no {given} rows, so no {what}; name one of {', '.join(methods) or '(none)'}")
         elif given is None and several and chosen not in (None, default):
-            notes.append(f"the {what} compare with {chosen} (the rows have no {default}); {flag} METHOD names another")
+            notes.append(f"{what} compare with {chosen} (no {default} rows); {flag} METHOD picks another")
     if methods and not several:
         other = "snapkv" if methods[0] != "snapkv" else "random"
-        notes.append(
-            f"confidence intervals and method-against-method tables need two methods in one run: add one to --method "
-            f"(e.g. kvbench run --method {methods[0]},{other} with the same options; rows already there are kept)"
-        )
+        notes.append(f"for confidence intervals add a method: --method {methods[0]},{other} (rows there are kept)")
     return notes
 
 
