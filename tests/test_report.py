@@ -88,14 +88,14 @@ def test_one_method_at_one_p_is_one_compact_table():
 
 def test_a_setting_with_only_no_prune_rows_says_so():
     md = render_markdown([r for r in make_rows() if r["method"] == "full"])
-    assert "Only the no-prune reference (full) ran here, so nothing is compared with it (a 50.0, b 80.0)" in md
+    assert "Only no-prune rows (full) here, nothing to compare: a 50.0, b 80.0. Add a method: --method NAME." in md
     assert "|" not in md
 
 
 def test_rows_without_the_reference_name_the_flag():
     md = render_markdown([r for r in make_rows() if r["method"] != "full"])
     assert "no prune" not in md and "| snapkv [uniform] | 70.0 | 45.0 |" in md  # no no-prune row or difference
-    assert "No no-prune rows for m on bench1: rerun without --no-reference (rows there are kept)." in md
+    assert "No no-prune rows for m, bench1, length n/a, seed n/a: rerun without --no-reference (rows there" in md
     assert "--no-reference" not in render_markdown(make_rows())
 
 

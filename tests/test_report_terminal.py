@@ -120,3 +120,15 @@ def test_headline_notes_name_the_flag_that_acts():
     assert choice_notes(avg2, "gatesight", "gatesight") == [
         'the "Every method against" tables compare with gatesight (no kvzip rows); --compare METHOD picks another'
     ]
+
+
+def test_a_run_of_only_the_reference_says_so_in_one_line():
+    rows = [r for r in headline_rows() if r["method"] == "full"]
+    out = render_rich(rows)
+    assert not [t for t in out if isinstance(t, Table)] and len([h for h in out if isinstance(h, Heading)]) == 1
+    lines = printed(rows, 150)
+    said = [line for line in lines if line.startswith("Only no-prune rows (full) here, nothing to compare")]
+    assert said == [
+        "Only no-prune rows (full) here, nothing to compare: kv 40.0, mf 20.0, prefix_suffix 10.0, vt 30.0. Add a "
+        "method: --method NAME."
+    ]

@@ -124,10 +124,7 @@ def _setting_tables(key: tuple, g: pd.DataFrame) -> list[_Table]:
     ref, rest = split_reference(g)
     if rest.empty:
         scores = ", ".join(f"{t} {ref[t]:.1f}" for t in tasks)
-        line = (
-            f"Only the no-prune reference ({FULL}) ran here, so nothing is compared with it ({scores}); run a method "
-            "beside it with `kvbench run --method NAME`."
-        )
+        line = f"Only no-prune rows ({FULL}) here, nothing to compare: {scores}. Add a method: --method NAME."
         return [_Table(section, "", [], [], line, heading)]
     bench = key[SETTING.index("bench")]
     partial = f"*: a mean over fewer than the {len(tasks)} tasks of {bench} (some task lacks the cell)."
@@ -188,9 +185,10 @@ def reference_note(rows: Rows) -> str:
     lacking = [key for key, g in df.groupby(SETTING, sort=True) if split_reference(g)[0].empty]
     if not lacking:
         return ""
-    model, bench = lacking[0][SETTING.index("model")], lacking[0][SETTING.index("bench")]
+    model, _, _, bench, _, length, seed = lacking[0]
     more = f" and {len(lacking) - 1} more" if len(lacking) > 1 else ""
-    return f"no no-prune rows for {model} on {bench}{more}: rerun without --no-reference (rows there are kept)"
+    where = f"{model}, {bench}, length {length}, seed {seed}{more}"
+    return f"no no-prune rows for {where}: rerun without --no-reference (rows there are kept)"
 
 
 def group_title(key: tuple, tasks: Sequence[str] = ()) -> str:
