@@ -139,6 +139,12 @@ def run(
     gpus_per_worker: Optional[float] = typer.Option(
         None, "--gpus-per-worker", help="With --ray: GPUs Ray gives each worker (with --device cuda)."
     ),
+    no_reference: bool = typer.Option(
+        False,
+        "--no-reference",
+        help="Leave out the no-prune reference (method full: one child per context keeping everything) that every "
+        "run adds so the report can show each method's drop from it.",
+    ),
     set_: list[str] = typer.Option(
         [],
         "--set",
@@ -178,6 +184,7 @@ def run(
         method_options=parse_method_options(set_),
         answer_batch=answer_batch,
         answer_contexts=answer_contexts,
+        reference=not no_reference,
     )
     models = _split(model) or [None]
     if ray is not None:
@@ -289,9 +296,11 @@ def report(
     import json
 
     from kvbench.report import missing_lines, render_rich
-    from kvbench.report.data import load, load_manifests
-    from kvbench.report.render import Options, build, write
+    from kvbench.report import tables as T
+    from kvbench.report.data import load, load_manifests, usable
+    from kvbench.report.render import Options, build, choose_methods, write
     from kvbench.report.tables import parse_bytes
+    from kvbench.report.terminal import choice_notes, print_report, reference_note
 
     dirs = [Path(d) for d in _split(results) or []]
     if not dirs:
@@ -320,17 +329,16 @@ def report(
             f"no result rows in {', '.join(map(str, dirs))} (a run that stopped before its first row writes none): "
             f"run `kvbench run --out {dirs[0]}` first"
         )
-    tables = render_rich(df)
-    # never squeeze a table into a narrow (or non-terminal, 80-column) console: labels would be cut
-    need = max((sum(max(len(c.header), 8) + 3 for c in t.columns) + 20 for t in tables), default=0)
-    wide = Console(width=max(console.width, need)) if need > console.width else console
-    for table in tables:
-        wide.print(table)
+    print_report(console, render_rich(df))  # a table wider than the console is printed whole, never squeezed
     options = Options(reference=reference, compare=compare, n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
                       gpu_label=gpu_memory, serve_length=serve_length, cost=cost_data)  # fmt: skip
     built = build(df, missing, notes, load_manifests(dirs), options)
-    for note in built.notes:
-        err_console.print(f"note: {note}", style="yellow", markup=False, soft_wrap=True)
+    # the terminal's notes: only what the user can act on, each naming its flag (report.md keeps build's notes)
+    avg = T.averaged(T.task_scores(usable(df)))
+    ref, cmp, _ = choose_methods(avg, options)
+    for note in [reference_note(df), *choice_notes(avg, ref, cmp, reference, compare)]:
+        if note:
+            err_console.print(f"note: {note}", style="yellow", markup=False, soft_wrap=True)
     try:
         index = write(built, out)
     except OSError as exc:

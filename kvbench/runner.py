@@ -73,6 +73,7 @@ class RunConfig:
     method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
     answer_batch: int | None = None  # children answering together; None: all of a context that fit in memory
     answer_contexts: int | None = None  # contexts whose children answer together (AnswerPool); None: ANSWER_CONTEXTS
+    reference: bool = False  # also run REFERENCE (no prune) when ``methods`` lacks it; ``kvbench run`` sets it
 
 
 @dataclass
@@ -100,6 +101,19 @@ def _no_duplicates(option: str, values: Sequence) -> None:
     twice = sorted({str(v) for v in values if list(values).count(v) > 1})
     if twice:
         raise KvbenchError(f"{option} lists {', '.join(twice)} more than once; give each value once")
+
+
+#: The no-prune reference: ``kvbench run`` adds it to every run (``--no-reference`` leaves it out). It keeps every
+#: entry at p = 1.0 whatever ``--p`` (its ``fixed_p``), so it costs one child per context.
+REFERENCE = "full"
+
+
+def planned_methods(config: RunConfig) -> list[str]:
+    """The methods a run scores: ``config.methods``, then :data:`REFERENCE` when ``config.reference`` asks for it and
+    the list lacks it (never twice; last, so the user's methods keep their order and batches)."""
+    if config.reference and REFERENCE not in config.methods:
+        return [*config.methods, REFERENCE]
+    return list(config.methods)
 
 
 #: One entry of a run's plan (:func:`validate`): a method, its allocations and its kept fractions.
@@ -163,7 +177,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
     if unused:
         raise KvbenchError(f"--set names method(s) {', '.join(unused)}, which --method does not run")
     plan = []
-    for name in config.methods:
+    for name in planned_methods(config):
         cls = method_class(name)
         engines = getattr(cls, "engines", None)  # a method that runs on some engines only names them
         if engines is not None and config.engine not in engines:
@@ -337,6 +351,7 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
         "engine": config.engine,
         "decode_kernels": _decode_kernels(config),
         "seed": config.seed,
+        "methods": planned_methods(config),  # with the no-prune reference when the run added it
         "config": cfg,
         "command": sys.argv,
         "versions": {

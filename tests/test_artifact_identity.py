@@ -22,7 +22,7 @@ from kvbench.results import ResultsStore, read_results
 from tests.test_cli import kvbench
 from tests.test_results import make_row
 
-RUN = ("run", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5")
+RUN = ("run", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1", "--p", "0.5", "--no-reference")
 
 
 def sha256_of(path: Path) -> str:

@@ -89,6 +89,7 @@ def test_method_without_options_names_none():
 def test_run_with_set_writes_labelled_rows_beside_the_default(tmp_path, capsys):
     out = tmp_path / "run"
     base = ["run", "--model", "tiny-random", "--method", "test-optnorm", "--p", "0.3", "--limit", "1"]
+    base += ["--no-reference"]  # only the option variants' rows
     base += ["--length", "900", "--out", str(out)]
     assert kvbench(*base, "--set", "test-optnorm.largest=true") == 0, capsys.readouterr().err
     assert kvbench(*base) == 0, capsys.readouterr().err  # the default is not "already present"

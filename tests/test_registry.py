@@ -272,7 +272,7 @@ def test_a_plugin_distribution_runs_through_kvbench_run(tmp_path):
                         {"myplugin/__init__.py": KEYNORM})  # fmt: skip
     out = tmp_path / "out"
     args = ["run", "--model", "tiny-random", "--method", "keynorm", "--bench", "needle", "--p", "0.5", "--limit", "1",
-            "--length", "900", "--threads", "1", "--out", str(out)]  # fmt: skip
+            "--length", "900", "--threads", "1", "--no-reference", "--out", str(out)]  # fmt: skip
     done = _run_cli(args, plugin)
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]

@@ -182,8 +182,9 @@ def test_runner_rows_record_the_default_allocation(tmp_path, capsys):
     from tests.test_cli import kvbench, read_rows
 
     out = tmp_path / "o"
-    assert kvbench("run", "--model", "tiny-random", "--method", "test-keynorm", "--allocation", "flat", "--limit", "1",
-                   "--length", "600", "--p", "0.5", "--out", str(out)) == 0, capsys.readouterr().err  # fmt: skip
+    args = ["run", "--model", "tiny-random", "--method", "test-keynorm", "--allocation", "flat", "--limit", "1"]
+    args += ["--length", "600", "--p", "0.5", "--no-reference", "--out", str(out)]
+    assert kvbench(*args) == 0, capsys.readouterr().err
     assert {r["default_allocation"] for r in read_rows(out)} == {"pyramid"}  # the class's, not the one run
 
 

@@ -171,7 +171,7 @@ def test_calibrate_classmethod_saves_and_rows_record_the_trig_option(tmp_path, m
 
     out = tmp_path / "run"
     args = ["run", "--model", "tiny-random", "--method", "triattention", "--set", "triattention.trig=false"]
-    args += ["--p", "0.3", "--limit", "1", "--length", "900", "--out", str(out)]
+    args += ["--p", "0.3", "--no-reference", "--limit", "1", "--length", "900", "--out", str(out)]
     assert kvbench(*args) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert rows and {r["method"] for r in rows} == {"triattention[trig=false]"}
