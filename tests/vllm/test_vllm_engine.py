@@ -132,7 +132,7 @@ def test_stale_pool_contents_never_reach_an_answer(engine, parent):
     block 0), a keep-all child still answers exactly as its parent: the engine zeroes the blocks it takes."""
     want = _answer(parent, parent.sha256, logits=True)
     held = {0} | {b.block_id for layer in parent.attn_blocks for b in layer} | {b.block_id for b in parent.state_blocks}
-    views = engine.pool_views
+    views = [view for view, _kernel_rows in engine.pool_views]
     others = torch.tensor([b for b in range(views[0].shape[0]) if b not in held])
     for view in views:
         view.index_fill_(0, others, float("nan"))
