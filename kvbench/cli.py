@@ -28,14 +28,15 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from kvbench.errors import KvbenchError
+from kvbench.logs import make_console, quiet_library_bars
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.",
 )
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 #: the option and environment variable of debug mode: errors re-raised with their traceback
 DEBUG_OPTION, DEBUG_ENV = "--debug", "KVBENCH_DEBUG"
@@ -786,6 +787,7 @@ def _debug_env(debug: bool):
 def main() -> None:
     """Console-script entry point: run the command line, turning user errors into one line and exit code 2
     (with ``--debug``: re-raised, so Python prints the traceback)."""
+    quiet_library_bars()  # a log gets no tqdm redraws (kvbench's own progress: kvbench.logs)
     sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")  # the command a run's manifest records
     args, debug = split_debug(sys.argv[1:])
     try:

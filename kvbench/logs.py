@@ -1,0 +1,116 @@
+"""kvbench's consoles and progress display, readable both in a terminal and in a log.
+
+In a terminal: rich as usual (colours, a live progress bar redrawn in place). When the output is not a terminal
+(a CI log, ``> file``, ``nohup``): kvbench's own messages are never wrapped (one message, one line, whatever
+its length), no colour codes, and progress is one plain line each time a unit (a context) finishes, or every
+:data:`EVERY_S` seconds while something changes, instead of a redrawn bar."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+#: Seconds between two progress lines in a log when no unit finished meanwhile (but something changed).
+EVERY_S = 60.0
+
+
+def make_console(stderr: bool = False, file: IO[str] | None = None) -> Console:
+    """A console on stdout (or stderr, or ``file``): rich's defaults on a terminal; otherwise soft-wrapped
+    (a message longer than the width stays one line) and colourless."""
+    console = Console(stderr=stderr, file=file)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, file=file, soft_wrap=True, no_color=True, highlight=False)
+    return console
+
+
+def quiet_library_bars(stream: IO[str] | None = None) -> None:
+    """When ``stream`` (default stderr) is not a terminal, turn off the tqdm bars of huggingface_hub, transformers
+    and datasets (loading weights, downloads), which a log would show as carriage-return redraws. Set before
+    those libraries are imported (their environment variables) and, for any already imported, through their
+    switches."""
+    stream = stream or sys.stderr
+    if stream.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+
+
+class LineProgress:
+    """The part of :class:`rich.progress.Progress`'s API kvbench uses, written for a log: a line
+    ``"<description>: <completed>/<total> done, <elapsed> elapsed"`` whenever a task's ``completed`` count grows,
+    or :data:`EVERY_S` seconds after the last line when its description changed; a last line on exit if anything
+    changed since. Never a carriage return or a cursor movement."""
+
+    def __init__(self, console: Console, every_s: float = EVERY_S, clock=time.monotonic) -> None:
+        self.console, self.every_s, self._clock = console, every_s, clock
+        self._tasks: list[dict[str, Any]] = []
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for task_id, task in enumerate(self._tasks):
+            if task["dirty"]:
+                self._line(task_id)
+
+    def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
+        """A new task; its id."""
+        now = self._clock()
+        self._tasks.append({"description": description, "total": total, "completed": completed, "start": now,
+                            "last": now, "dirty": False})
+        return len(self._tasks) - 1
+
+    def update(self, task_id: int, *, total: float | None = None, completed: float | None = None,
+               advance: float | None = None, description: str | None = None, **_: Any) -> None:
+        """Change a task as :meth:`rich.progress.Progress.update` does; print a line when it finished a unit."""
+        task = self._tasks[task_id]
+        before = task["completed"]
+        if total is not None:
+            task["total"] = total
+        if completed is not None:
+            task["completed"] = completed
+        if advance is not None:
+            task["completed"] += advance
+        if description is not None and description != task["description"]:
+            task["description"], task["dirty"] = description, True
+        if task["completed"] > before or (task["dirty"] and self._clock() - task["last"] >= self.every_s):
+            self._line(task_id)
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        """``advance`` more units done."""
+        self.update(task_id, advance=advance)
+
+    def _line(self, task_id: int) -> None:
+        task = self._tasks[task_id]
+        now = self._clock()
+        elapsed = int(now - task["start"])
+        total = "?" if task["total"] is None else f"{task['total']:g}"
+        done = f"{task['completed']:g}/{total} done"
+        clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+        what = Text.from_markup(task["description"]).plain  # descriptions are rich markup, as for Progress
+        self.console.print(f"{what}: {done}, {clock} elapsed", markup=False, highlight=False,
+                           soft_wrap=True)
+        task["last"], task["dirty"] = now, False
+
+
+def make_progress(console: Console) -> Progress | LineProgress:
+    """The progress display for ``console``: a live bar (description, bar, done/total, elapsed) on a terminal,
+    :class:`LineProgress` otherwise."""
+    if not console.is_terminal:
+        return LineProgress(console)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console, transient=False)
