@@ -28,6 +28,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from kvbench.errors import KvbenchError
+from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
 
 app = typer.Typer(
@@ -35,6 +36,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.",
 )
+hide_flag_placeholders()  # a flag's help row shows no "<bool>" value
 console = make_console()
 err_console = make_console(stderr=True)
 
@@ -102,8 +104,8 @@ def run(
     length: Optional[int] = typer.Option(
         None,
         "--length",
-        help="Target prompt length in tokens for generated benches (default: the model's trained context "
-        "length when it states one, e.g. 1024 for tiny-trained, else 4096).",
+        help="Target prompt length in tokens for generated benches (default: the context length the model states, "
+        "4096 for tiny-trained; 4096 for a model that states none).",
     ),
     seed: int = typer.Option(42, "--seed", help="Data and method seed (0 to 2**32 - 1)."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
