@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from kvbench.data_fetch import data_app
 from kvbench.errors import KvbenchError
 from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
@@ -677,6 +678,7 @@ def results_upgrade(
 app.add_typer(ruler_app, name="ruler")
 app.add_typer(scbench_app, name="scbench")
 app.add_typer(results_app, name="results")
+app.add_typer(data_app, name="data")  # kvbench data fetch: kvbench/data_fetch.py
 
 
 class LazyCommands(TyperGroup):

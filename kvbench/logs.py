@@ -51,12 +51,15 @@ def quiet_library_bars(stream: IO[str] | None = None) -> None:
 
 class LineProgress:
     """The part of :class:`rich.progress.Progress`'s API kvbench uses, written for a log: a line
-    ``"<description>: <completed>/<total> done, <elapsed> elapsed"`` whenever a task's ``completed`` count grows,
-    or :data:`EVERY_S` seconds after the last line when its description changed; a last line on exit if anything
-    changed since. Never a carriage return or a cursor movement."""
+    ``"<description>: <completed>/<total> done, <elapsed> elapsed"`` whenever a task's ``completed`` count grows
+    (with ``throttle_s`` > 0, e.g. for bytes downloaded: only when the task completes or ``throttle_s`` seconds
+    after the last line), or ``every_s`` seconds after the last line when its description changed; a last line
+    on exit if anything changed since. Never a carriage return or a cursor movement."""
 
-    def __init__(self, console: Console, every_s: float = EVERY_S, clock=time.monotonic) -> None:
-        self.console, self.every_s, self._clock = console, every_s, clock
+    def __init__(
+        self, console: Console, every_s: float = EVERY_S, clock=time.monotonic, throttle_s: float = 0.0
+    ) -> None:
+        self.console, self.every_s, self._clock, self.throttle_s = console, every_s, clock, throttle_s
         self._tasks: list[dict[str, Any]] = []
 
     def __enter__(self) -> LineProgress:
@@ -87,7 +90,12 @@ class LineProgress:
             task["completed"] += advance
         if description is not None and description != task["description"]:
             task["description"], task["dirty"] = description, True
-        if task["completed"] > before or (task["dirty"] and self._clock() - task["last"] >= self.every_s):
+        if task["completed"] > before:
+            task["dirty"] = True  # a throttled count still gets its line by the exit
+        since = self._clock() - task["last"]
+        finished = task["total"] is not None and task["completed"] >= task["total"]
+        grew = task["completed"] > before and (finished or since >= self.throttle_s)
+        if grew or (task["dirty"] and since >= self.every_s):
             self._line(task_id)
 
     def advance(self, task_id: int, advance: float = 1) -> None:
@@ -107,10 +115,10 @@ class LineProgress:
         task["last"], task["dirty"] = now, False
 
 
-def make_progress(console: Console) -> Progress | LineProgress:
-    """The progress display for ``console``: a live bar (description, bar, done/total, elapsed) on a terminal,
-    :class:`LineProgress` otherwise."""
+def make_progress(console: Console, columns: tuple | None = None, throttle_s: float = 0.0) -> Progress | LineProgress:
+    """The progress display for ``console``: on a terminal a live bar of ``columns`` (default: description, bar,
+    done/total, elapsed), otherwise :class:`LineProgress` (``throttle_s`` as there)."""
     if not console.is_terminal:
-        return LineProgress(console)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        return LineProgress(console, throttle_s=throttle_s)
+    columns = columns or (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     return Progress(*columns, console=console, transient=False)

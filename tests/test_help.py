@@ -30,6 +30,7 @@ STATED: dict[tuple[str, str], str] = {
     ("run", "--workers"): f"(default {RayOptions.__dataclass_fields__['workers'].default})",
     ("run", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("ruler generate", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("data fetch", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("cost", "--model"): f"(default: {DEFAULT_MODEL})",
     ("calibrate", "--model"): f"(default: {DEFAULT_MODEL})",
     ("scbench generate", "--model"): f"(default: {DEFAULT_MODEL})",
@@ -90,7 +91,8 @@ def _shown(value) -> str:
 
 def test_the_tree_is_walked():
     names = {" ".join(p) for p, _ in COMMANDS}
-    assert {"run", "report", "ruler generate", "scbench generate", "gatesight label", "results upgrade"} <= names
+    assert {"run", "report", "ruler generate", "scbench generate", "gatesight label", "results upgrade",
+            "data fetch"} <= names
 
 
 @pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "kvbench")

@@ -80,3 +80,16 @@ def test_run_log_has_whole_messages_and_a_line_per_context(tmp_path, monkeypatch
     assert f"snapkv scores with the artifact of sha256 {SHA[:16]}… (rows record it)" in lines
     done = [int(m["done"]) for m in map(PROGRESS_LINE.match, lines) if m]
     assert done == [1, 2, 3], err
+
+
+def test_throttled_line_progress_says_bytes_every_n_seconds_and_at_the_end():
+    out = io.StringIO()
+    now = [0.0]
+    with LineProgress(make_console(file=out), clock=lambda: now[0], throttle_s=10) as progress:
+        task = progress.add_task("ruler/squad.json", total=100)
+        for _ in range(25):  # 4 bytes a second
+            now[0] += 1
+            progress.advance(task, 4)
+    assert [ln.split(": ")[1] for ln in out.getvalue().splitlines()] == ["40/100 done, 0:00:10 elapsed",
+                                                                          "80/100 done, 0:00:20 elapsed",
+                                                                          "100/100 done, 0:00:25 elapsed"]
