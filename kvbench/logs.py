@@ -70,17 +70,19 @@ class LineProgress:
             if task["dirty"]:
                 self._line(task_id)
 
-    def add_task(self, description: str, total: float | None = None, completed: int = 0, **_: Any) -> int:
-        """A new task; its id."""
+    def add_task(self, description: str, total: float | None = None, completed: int = 0, **fields: Any) -> int:
+        """A new task; its id. ``fields`` (e.g. ``info``): free values shown after the count, as rich's
+        ``{task.fields[...]}`` columns show them."""
         now = self._clock()
         self._tasks.append({"description": description, "total": total, "completed": completed, "start": now,
-                            "last": now, "dirty": False})
+                            "last": now, "dirty": False, "fields": dict(fields)})
         return len(self._tasks) - 1
 
     def update(self, task_id: int, *, total: float | None = None, completed: float | None = None,
-               advance: float | None = None, description: str | None = None, **_: Any) -> None:
+               advance: float | None = None, description: str | None = None, **fields: Any) -> None:
         """Change a task as :meth:`rich.progress.Progress.update` does; print a line when it finished a unit."""
         task = self._tasks[task_id]
+        task["fields"].update(fields)
         before = task["completed"]
         if total is not None:
             task["total"] = total
@@ -110,8 +112,8 @@ class LineProgress:
         done = f"{task['completed']:g}/{total} done"
         clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
         what = Text.from_markup(task["description"]).plain  # descriptions are rich markup, as for Progress
-        self.console.print(f"{what}: {done}, {clock} elapsed", markup=False, highlight=False,
-                           soft_wrap=True)
+        extra = "".join(f", {v}" for v in task["fields"].values() if v not in (None, ""))
+        self.console.print(f"{what}: {done}, {clock} elapsed{extra}", markup=False, highlight=False, soft_wrap=True)
         task["last"], task["dirty"] = now, False
 
 

@@ -93,3 +93,17 @@ def test_throttled_line_progress_says_bytes_every_n_seconds_and_at_the_end():
     assert [ln.split(": ")[1] for ln in out.getvalue().splitlines()] == ["40/100 done, 0:00:10 elapsed",
                                                                           "80/100 done, 0:00:20 elapsed",
                                                                           "100/100 done, 0:00:25 elapsed"]
+
+
+def test_line_progress_shows_free_fields_and_training_uses_it_in_a_log(capsys):
+    out = io.StringIO()
+    now = [0.0]
+    with LineProgress(make_console(file=out), clock=lambda: now[0]) as progress:
+        job = progress.add_task("train", total=2, info="")
+        now[0] += 3
+        progress.update(job, advance=1, info="len 128 loss 1.2345")
+    assert out.getvalue() == "train: 1/2 done, 0:00:03 elapsed, len 128 loss 1.2345\n"
+    from kvbench.training.loop import _progress_bar
+
+    assert isinstance(_progress_bar(True), LineProgress)  # stdout is captured here: not a terminal
+    assert isinstance(_progress_bar(False), Progress)
