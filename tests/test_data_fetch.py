@@ -235,3 +235,14 @@ def test_run_names_the_fetch_command_for_missing_data(tmp_path, capsys):
     from kvbench.tasks.scbench import _FIX
 
     assert "kvbench data fetch scbench --data-dir DIR" in _FIX
+
+
+def test_an_essay_that_cannot_be_fetched_is_skipped_as_ruler_does(sources, tmp_path, capsys):
+    server, _ = sources
+    del server.files["/essays/b.txt"]  # a 404 among the essays
+    root = tmp_path / "data"
+    assert kvbench("data", "fetch", "ruler", "--data-dir", str(root)) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 essays (1 could not be fetched" in err and "HTTP 404" in err
+    text = json.loads((root / "ruler" / "PaulGrahamEssays.json").read_text())["text"]
+    assert text.startswith("First plain essay.\nAlpha essay.") and "Second plain essay" not in text
