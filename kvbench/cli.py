@@ -27,15 +27,19 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from kvbench.data_fetch import data_app
 from kvbench.errors import KvbenchError
+from kvbench.help_format import hide_flag_placeholders
+from kvbench.logs import make_console, quiet_library_bars
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.",
 )
-console = Console()
-err_console = Console(stderr=True)
+hide_flag_placeholders()  # a flag's help row shows no "<bool>" value
+console = make_console()
+err_console = make_console(stderr=True)
 
 #: the option and environment variable of debug mode: errors re-raised with their traceback
 DEBUG_OPTION, DEBUG_ENV = "--debug", "KVBENCH_DEBUG"
@@ -101,8 +105,8 @@ def run(
     length: Optional[int] = typer.Option(
         None,
         "--length",
-        help="Target prompt length in tokens for generated benches (default: the model's trained context "
-        "length when it states one, e.g. 1024 for tiny-trained, else 4096).",
+        help="Target prompt length in tokens for generated benches (default: the context length the model states, "
+        "4096 for tiny-trained; 4096 for a model that states none).",
     ),
     seed: int = typer.Option(42, "--seed", help="Data and method seed (0 to 2**32 - 1)."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
@@ -682,6 +686,7 @@ def results_upgrade(
 app.add_typer(ruler_app, name="ruler")
 app.add_typer(scbench_app, name="scbench")
 app.add_typer(results_app, name="results")
+app.add_typer(data_app, name="data")  # kvbench data fetch: kvbench/data_fetch.py
 
 
 class LazyCommands(TyperGroup):
@@ -794,6 +799,7 @@ def _debug_env(debug: bool):
 def main() -> None:
     """Console-script entry point: run the command line, turning user errors into one line and exit code 2
     (with ``--debug``: re-raised, so Python prints the traceback)."""
+    quiet_library_bars()  # a log gets no tqdm redraws (kvbench's own progress: kvbench.logs)
     sys.argv[1:] = _bare_option(sys.argv[1:], "--ray", "local")  # the command a run's manifest records
     args, debug = split_debug(sys.argv[1:])
     try:

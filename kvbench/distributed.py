@@ -24,10 +24,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from kvbench.cpu import local_cores
 from kvbench.errors import KvbenchError
+from kvbench.logs import LineProgress, make_console, make_progress
 from kvbench.runner import RunConfig, RunSummary
 
 __all__ = ["RAY_INSTALL", "RayOptions", "RaySummary", "ShardProgress", "check_options", "run_ray", "shard_configs"]
@@ -160,7 +161,7 @@ def _run_shard(config: RunConfig, hub: Any) -> RunSummary:
     def report(summary: RunSummary, total: int) -> None:
         hub.report.remote(shard, attempt, pid, summary.contexts, total)
 
-    return run(config, console=Console(stderr=True), on_progress=report)
+    return run(config, console=make_console(stderr=True), on_progress=report)
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -233,7 +234,7 @@ def run_ray(
     from kvbench import runner
     from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL, materialize_builtin
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     check_options(config, options)
     runner.validate(config)  # bad input fails here, before Ray starts
     ray = import_ray()
@@ -266,9 +267,8 @@ def _drive(ray, refs, hub, options: RayOptions, console: Console, on_poll) -> Ra
     failed: dict[int, str] = {}
     pending = list(refs)
     progress_state: dict[int, ShardProgress] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
-        with Progress(*columns, console=console, transient=False) as progress:
+        with make_progress(console) as progress:
             bar = progress.add_task(f"contexts ({n} shards)", total=None)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
@@ -295,7 +295,7 @@ def _drive(ray, refs, hub, options: RayOptions, console: Console, on_poll) -> Ra
     return _summarize(results, failed, progress_state, n)
 
 
-def _draw(progress: Progress, bar, state: Mapping[int, ShardProgress], n: int, finished: int) -> None:
+def _draw(progress: Progress | LineProgress, bar, state: Mapping[int, ShardProgress], n: int, finished: int) -> None:
     totals = [s.total for s in state.values() if s.total is not None]
     known = len(totals) == n
     retried = sum(s.attempts - 1 for s in state.values() if s.attempts > 1)

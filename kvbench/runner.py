@@ -24,13 +24,14 @@ from typing import Callable, Iterator, Sequence
 import torch
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, TaskID
 
 import kvbench
 from kvbench import budgets
 from kvbench.engines import ENGINES
 from kvbench.engines.base import Answer, AnswerGroup, ChildSession, EngineBase, ParentSession
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
+from kvbench.logs import LineProgress, make_console, make_progress
 from kvbench.methods import EvictionMethod, QuestionInput, get_method, method_class
 from kvbench.models import (
     BUILTIN_MODELS,
@@ -415,7 +416,7 @@ def run(
     leaves ``--out`` exactly as it was. ``on_progress(summary, total)`` (optional) is called once the shard's
     ``total`` contexts are estimated and after each context (``total`` as far as known then:
     :class:`ShardContexts`)."""
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     plan = validate(config)
     _engine_dtype(config)
     with ResultsStore(config.out, config.shard) as store:
@@ -474,9 +475,8 @@ def _run_locked(
         )
     if on_progress:
         on_progress(summary, contexts.total)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
-        with Progress(*columns, console=console, transient=False) as progress:
+        with make_progress(console) as progress:
             bar = progress.add_task("contexts", total=contexts.total)
             state = RunState(
                 config=config,
@@ -651,7 +651,7 @@ class RunState:
     artifacts: dict[str, str | None]
     store: ResultsStore
     summary: RunSummary
-    progress: Progress
+    progress: Progress | LineProgress
     bar: TaskID
 
     @property

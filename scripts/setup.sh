@@ -5,8 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+say() { echo "[kvbench setup] $*"; }
+if [ -x .venv/bin/python ]; then say "using the existing .venv"; else say "creating .venv with $PY"; "$PY" -m venv .venv; fi
+say "upgrading pip"
 .venv/bin/python -m pip install -q --upgrade pip
+say "installing torch==2.13.0 (CPU wheel)"
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev]"
+say "installing kvbench (editable) with its dev tools"
+# pyproject lists every package and data file, so the build raises no setuptools packaging warning; the one
+# filter below drops setuptools' information-only note that every editable install of a project with a
+# package-dir mapping prints ("Editable installation. Please be careful with folders ..."), nothing else.
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dev]"
+say "installed:"
 .venv/bin/python -c "import kvbench, torch, transformers; print('kvbench', kvbench.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -87,7 +87,8 @@ def data_path(task: str) -> Path:
     naming the fix when the directory is unset or the file is absent."""
     rel = DATA_FILES[task]
     root = data_dir()
-    fix = f"set {DATA_ENV} (or pass --data-dir) to a directory holding {rel}"
+    fix = (f"`kvbench data fetch ruler --data-dir DIR` fetches it (online), then pass --data-dir DIR (or set "
+           f"{DATA_ENV}=DIR); or put {rel} under such a directory by hand")
     if root is None:
         raise MissingDataError(f"RULER task {task} needs {rel}, but {DATA_ENV} is not set: {fix}")
     path = root / rel

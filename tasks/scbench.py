@@ -200,9 +200,9 @@ def iter_rows(files: Iterable[Path], columns: list[str] | None = None) -> Iterat
 
 
 _FIX = (
-    f"put the hub dataset under DIR/scbench (`huggingface-cli download {HUB_ID} --repo-type dataset --local-dir "
-    f"DIR/scbench` where the hub is reachable) and pass --data-dir DIR (or set KVBENCH_DATA_DIR=DIR); or, "
-    f"online, set {HUB_ENV}=1 to load it through `datasets`"
+    f"`kvbench data fetch scbench --data-dir DIR` fetches it into DIR/scbench (online; by hand: `huggingface-cli "
+    f"download {HUB_ID} --repo-type dataset --local-dir DIR/scbench`), and a run reads it with the same option "
+    f"(or KVBENCH_DATA_DIR=DIR); or, online, set {HUB_ENV}=1 to load it through `datasets`"
 )
 
 

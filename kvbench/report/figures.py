@@ -11,6 +11,7 @@ a paired-bootstrap band per label where intervals are given.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -22,13 +23,30 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from kvbench.report.tables import FULL, ranked_labels  # noqa: E402
 
-__all__ = ["across_curves", "averaged_curves", "colors", "per_task_curves", "save"]
+__all__ = ["SAVE_OPTIONS", "across_curves", "averaged_curves", "colors", "fit_title", "per_task_curves", "save"]
+
+#: savefig options of every figure: the canvas grows to hold a long title or a wide legend instead of cutting
+#: them off (constrained layout keeps a title inside the figure only vertically).
+SAVE_OPTIONS = {"bbox_inches": "tight", "pad_inches": 0.1}
+#: A title line's average character width, in ems of its font (DejaVu Sans runs about 0.55; kept on the safe side).
+_EM_PER_CHAR = 0.6
 
 _PALETTE = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
 
 
 _X_TICKS = [0.2, 0.4, 0.6, 0.8, 1.0]
 _Y_TICKS = [0, 20, 40, 60, 80, 100]
+
+
+def fit_title(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken into lines (at spaces, its own line breaks kept) that each fit ``width_in`` inches at
+    ``fontsize`` points, so a figure's title stays inside the figure's width; a single word longer than a line
+    stays whole (the tight save then widens the canvas for it)."""
+    chars = max(16, int(width_in * 72 / (_EM_PER_CHAR * fontsize)))
+    lines = []
+    for line in text.split("\n"):
+        lines += textwrap.wrap(line, chars, break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(lines)
 
 
 def colors(labels: list[str]) -> dict[str, tuple]:
@@ -97,7 +115,7 @@ def _panels(
         ax.set_ylabel(ylabel, fontsize=8)
     for ax in axes[(nrow - 1) * ncol :]:
         ax.set_xlabel("kept fraction p", fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(fit_title(title, size[0] * ncol - 0.2, 10), fontsize=10)
     _legend(fig, axes)
     return fig
 
@@ -118,7 +136,8 @@ def averaged_curves(avg: pd.DataFrame, title: str, palette: dict) -> Figure:
     _panel(ax, avg, palette, None)
     ax.set_xlabel("kept fraction p")
     ax.set_ylabel("mean accuracy over tasks (%)")
-    ax.set_title(title.replace(" — ", "\n"), fontsize=9)  # what, then the setting: one line each
+    # what, then the setting, each on its own lines, within the axes' width (the figure's less the y labels)
+    ax.set_title(fit_title(title.replace(" — ", "\n"), 5.0, 9), fontsize=9)
     _legend(fig, [ax])
     return fig
 
@@ -138,7 +157,6 @@ def save(fig: Figure, stem: Path, dpi: int = 110) -> list[Path]:
     """Write ``stem.png`` and ``stem.pdf``; return both paths."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    # "tight": the canvas grows to hold a long title or a wide legend instead of cutting them off
-    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight", pad_inches=0.1)
-    fig.savefig(paths[1], bbox_inches="tight", pad_inches=0.1)
+    fig.savefig(paths[0], dpi=dpi, **SAVE_OPTIONS)
+    fig.savefig(paths[1], **SAVE_OPTIONS)
     return paths

@@ -267,6 +267,15 @@ def _counts(cells: pd.DataFrame, slug: str, title: str) -> Table:
                  "Rows (questions) that entered each cell.", kind="counts")  # fmt: skip
 
 
+def _averaged_caption(rows: pd.DataFrame) -> str:
+    """The caption of a setting's mean-over-tasks figure (``rows``: the setting's usable rows); the sentence on
+    mixed SCBench tasks only where the setting has one."""
+    caption = "Each method's accuracy averaged over the section's tasks vs kept fraction."
+    if "sub" in rows and rows["sub"].astype(str).ne("").any():
+        caption += " Mixed SCBench tasks enter as the mean of their two sub-task scores."
+    return caption
+
+
 def _draw(job: tuple) -> tuple[bytes, bytes]:
     """One figure as (PNG, PDF) bytes. ``job``: ``("averaged", avg, title, palette)``, ``("tasks", cells,
     title, palette, bands)`` or ``("across", across, title, palette, names)``; module-level so that worker
@@ -277,9 +286,9 @@ def _draw(job: tuple) -> tuple[bytes, bytes]:
     draw = {"averaged": F.averaged_curves, "tasks": F.per_task_curves, "across": F.across_curves}[kind]
     fig = draw(frame, *rest, title, palette) if kind == "across" else draw(frame, title, palette, *rest)
     png, pdf = io.BytesIO(), io.BytesIO()
-    fig.savefig(png, format="png", dpi=110)
+    fig.savefig(png, format="png", dpi=110, **F.SAVE_OPTIONS)  # a long title widens the canvas, never cut
     fig.set_layout_engine("none")  # keep the constrained layout just computed: the PDF is not laid out again
-    fig.savefig(pdf, format="pdf")
+    fig.savefig(pdf, format="pdf", **F.SAVE_OPTIONS)
     return png.getvalue(), pdf.getvalue()
 
 
@@ -369,9 +378,9 @@ def build(df: pd.DataFrame, missing: dict[str, str], notes: list[str], manifests
         sec = Section(title)
         a, b = of(avg, key), of(ci, key)
         if opt.figures:
-            mixed = "Mixed SCBench tasks enter as the mean of their two sub-task scores."
             job = ("averaged", a, f"mean over {a.n_tasks.max()} tasks — {title}", palette)
-            jobs.append((len(sections), len(sec.blocks), f"averaged-{slug}", "Mean over tasks", mixed, job))
+            jobs.append((len(sections), len(sec.blocks), f"averaged-{slug}", "Mean over tasks",
+                         _averaged_caption(of(use, key)), job))  # fmt: skip
             sec.blocks.append(None)  # drawn below, with every other figure
             band = f"; bands: paired 95 % bootstrap intervals of the difference to {ref}" if len(b) else ""
             job = ("tasks", c, title, palette, b if len(b) else None)

@@ -353,8 +353,15 @@ def _log_entry(step: int, result: _Step, tok_s: float) -> dict:
 
 
 def _progress_bar(enabled: bool):
-    """A rich progress bar (steps done of all, elapsed time, and a free ``info`` field)."""
+    """A rich progress bar (steps done of all, elapsed time, and a free ``info`` field); when stdout is not a
+    terminal, a line every 30 s and at the end instead (:class:`kvbench.logs.LineProgress`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvbench.logs import LineProgress, make_console
+
+    console = make_console()
+    if enabled and not console.is_terminal:
+        return LineProgress(console, throttle_s=30.0)
 
     columns = (
         TextColumn("{task.description}"),
@@ -363,7 +370,7 @@ def _progress_bar(enabled: bool):
         TimeElapsedColumn(),
         TextColumn("{task.fields[info]}"),
     )
-    return Progress(*columns, disable=not enabled, transient=False)
+    return Progress(*columns, console=console, disable=not enabled, transient=False)
 
 
 def _run_steps(out_dir: Path, run: _Run, args: TrainArgs, end: int, progress: bool) -> None:

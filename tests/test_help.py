@@ -1,0 +1,131 @@
+"""Every ``kvbench <command> --help`` (the whole command tree, method-contributed groups included) checked
+against the code: a default the help states, as typer's ``[default: X]`` tag or in the prose, is the one the
+code uses, and a flag shows no value placeholder (``<bool>``) as if it took a value."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import Enum
+
+import click
+import pytest
+
+from kvbench import cli
+from kvbench.distributed import RayOptions
+from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
+from kvbench.runner import ANSWER_CONTEXTS
+from kvbench.training.data import DEFAULT_CURRICULUM
+from kvbench.training.loop import DEFAULT_STEPS
+from tests.test_cli import kvbench
+
+TINY_LENGTH = json.loads((BUILTIN_DIR / "tiny-trained" / "kvbench_builtin.json").read_text())["context_length"]
+CURRICULUM = ",".join(f"{length}@{start:g}" for start, length in DEFAULT_CURRICULUM)
+
+#: (command, option) -> what its help must say about the default, computed from the code.
+STATED: dict[tuple[str, str], str] = {
+    ("run", "--model"): f"(default: {DEFAULT_MODEL})",
+    ("run", "--length"): f"{TINY_LENGTH} for tiny-trained; {DEFAULT_LENGTH} for a model that states none",
+    ("run", "--answer-contexts"): f"Default {ANSWER_CONTEXTS}.",
+    ("run", "--workers"): f"(default {RayOptions.__dataclass_fields__['workers'].default})",
+    ("run", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("ruler generate", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("data fetch", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("cost", "--model"): f"(default: {DEFAULT_MODEL})",
+    ("calibrate", "--model"): f"(default: {DEFAULT_MODEL})",
+    ("scbench generate", "--model"): f"(default: {DEFAULT_MODEL})",
+    ("scbench generate", "--length"): f"else {DEFAULT_LENGTH}.",
+    ("train-tiny", "--steps"): f"(default: {DEFAULT_STEPS:,}, the shipped run)",
+    ("train-tiny", "--curriculum"): f"(default: {CURRICULUM})",
+}
+#: Options whose prose default is a rule, not a value (nothing in it to compare with a constant).
+RULES = {
+    ("run", "--task"), ("run", "--allocation"), ("run", "--dtype"), ("run", "--answer-batch"),
+    ("report", "--out"), ("report", "--reference"), ("report", "--compare"), ("report", "--cost"),
+    ("calibrate", "--out"), ("train-tiny", "--mix"), ("gatesight label", "--dtype"), ("gatesight train", "--out"),
+}
+TAG = re.compile(r"\[default: ([^\]]*)\]")
+PROSE_DEFAULT = re.compile(r"(?<!non-)\bdefault\b", re.IGNORECASE)
+
+
+def _commands(cmd: click.Command, path: tuple[str, ...] = ()):
+    """(path, command) for ``cmd`` and every command under it."""
+    yield path, cmd
+    if hasattr(cmd, "list_commands"):
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            yield from _commands(cmd.get_command(ctx, name), (*path, name))
+
+
+COMMANDS = list(_commands(cli.command_group()))
+
+
+def _params(cmd: click.Command) -> list[click.Parameter]:
+    params = (cmd.load() if hasattr(cmd, "load") else cmd).params
+    return [*params, cmd.get_help_option(click.Context(cmd))]
+
+
+def _rows(path: tuple[str, ...], monkeypatch, capsys) -> dict[str, str]:
+    """``kvbench <path> --help`` rendered wide enough for one line per option: {long option: its row}."""
+    monkeypatch.setenv("COLUMNS", "600")
+    code = kvbench(*path, "--help")
+    text = capsys.readouterr().out
+    assert code == 0, text
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"│\s+(?:\*\s+)?(--[\w-]+)", line)
+        if m:
+            rows[m[1]] = line.strip("│ ")
+    assert "--help" in rows, text
+    return rows
+
+
+def _shown(value) -> str:
+    """A default as typer's tag shows it."""
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def test_the_tree_is_walked():
+    names = {" ".join(p) for p, _ in COMMANDS}
+    assert {"run", "report", "ruler generate", "scbench generate", "gatesight label", "results upgrade",
+            "data fetch"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "kvbench")
+def test_help_states_the_real_defaults(path, monkeypatch, capsys):
+    cmd = dict(COMMANDS)[path]
+    rows = _rows(path, monkeypatch, capsys)
+    where = " ".join(path)
+    for param in _params(cmd):
+        if param.param_type_name != "option" or param.hidden:  # typer's own click copy: no isinstance
+            continue
+        long = next(o for o in param.opts if o.startswith("--"))
+        row = rows[long]
+        if param.is_flag:
+            # a flag takes no value: nothing between its names and its help that reads as a value placeholder
+            assert "<bool>" not in row and not re.search(r"\s<\w+>\s", row.split(param.help or "\0")[0]), row
+        tag = TAG.search(row)
+        if tag:
+            real = param.default
+            if param.is_flag and param.secondary_opts:  # --resume/--no-resume [default: resume]
+                real = (param.opts if param.default else param.secondary_opts)[0].lstrip("-")
+            assert tag[1] == _shown(real), f"{where} {long}: help says {tag[1]!r}, the code uses {real!r}"
+        prose = TAG.sub("", row)
+        key = (where, long)
+        if key in STATED:
+            assert STATED[key] in prose, f"{where} {long}: help should say {STATED[key]!r}: {row}"
+        elif PROSE_DEFAULT.search(prose):
+            assert key in RULES, f"{where} {long} states a default in its help; add it to STATED (or RULES): {row}"
+            said = prose[PROSE_DEFAULT.search(prose).start():]
+            number = re.search(r"(?<![\w.<])\d", said)
+            assert not number, f"{where} {long}: a number in a rule default goes in STATED: {row}"
+
+
+def test_every_listed_option_exists():
+    known = {(" ".join(p), o) for p, cmd in COMMANDS for prm in _params(cmd) for o in prm.opts}
+    missing = sorted((set(STATED) | RULES) - known)
+    assert not missing, f"STATED/RULES name options the commands lack: {missing}"
