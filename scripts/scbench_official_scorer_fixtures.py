@@ -224,6 +224,18 @@ def _choice(turn: dict) -> list[tuple[str, str, str | None]]:
         ("lower-case gold letter", gold.lower(), None),
         ("gold letter doubled", gold * 2, None),
         ("two letters", f"{gold} or {wrong}", None),
+        # the official fallbacks (the prediction does not start with a letter): punctuation to spaces, double
+        # spaces collapsed, "answer is:" / "answer:" / "answer is" / "option is" prefixes, then the first word
+        # that is a substring of "ABCD"; none of these forms is explicit by DESIGN.md's list
+        ("answer is: + gold letter, full stop", f"the answer is: {gold}.", None),
+        ("answer is + two spaces + gold letter", f"the answer is  {gold}", None),
+        ("answer: on its own line", f"Well,\nmy answer:\n{gold}", None),
+        ("option is + quoted wrong letter", f'the right option is "{wrong}"', None),
+        ("answer is + gold option text", f"the answer is {gold_text}", None),
+        ("ends with answer is", "so the answer is", None),
+        ("quoted gold letter", f"'{gold}'", None),
+        ("gold letter in braces", f"{{{gold}}}", None),
+        ("question mark, comma, exclamation, then wrong letter", f"hmm? well, sure! {wrong}", None),
         ("empty", "", None),
         ("unrelated", "I cannot tell from the story.", None),
     ]

@@ -178,6 +178,19 @@ def test_resolve_choice_forms():
         assert sc.resolve_choice(text, opts) is None, text
 
 
+def test_resolve_choice_punctuation_and_option_text_edges():
+    """Only punctuation after the letter (any of ``.;:,!``, repeated) resolves; other text must be the letter's own
+    option, compared without its trailing punctuation and up to a non-alphanumeric character."""
+    opts = ["Alpha.", "Max", "Gamma", "Delta"]
+    for text, want in [
+        ("B..", "B"), ("(B);", "B"), ("B. ,", "B"), ("B!", None),  # punctuation after the letter (not "!" first)
+        ("A. Alpha", "A"), ("A. Alpha.", "A"), ("A) alpha, I think", "A"),  # option "Alpha." read without its "."
+        ("B. Max", "B"), ("B: max!", "B"),  # an option ending in "x" keeps it ("Ma" is not the option)
+        ("B. Maxim", None), ("B X", None), ("B. Ma", None), ("A. Alphabet", None),
+    ]:  # fmt: skip
+        assert sc.resolve_choice(text, opts) == want, text
+
+
 def test_choice_references_validated():
     with pytest.raises(ValueError):
         sc.choice_references("Zeta", ["Alpha", "Beta", "Gamma", "Delta"])
