@@ -233,6 +233,8 @@ def _choice(turn: dict) -> list[tuple[str, str, str | None]]:
         ("option is + quoted wrong letter", f'the right option is "{wrong}"', None),
         ("answer is + gold option text", f"the answer is {gold_text}", None),
         ("ends with answer is", "so the answer is", None),
+        ("ends with answer is + one character", "so the answer is:", None),
+        ("answer is twice: wrong letter first", f"the answer is {wrong}, no, the answer is {gold}", None),
         ("quoted gold letter", f"'{gold}'", None),
         ("gold letter in braces", f"{{{gold}}}", None),
         ("question mark, comma, exclamation, then wrong letter", f"hmm? well, sure! {wrong}", None),
