@@ -97,8 +97,13 @@ class _Stub(types.ModuleType):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports every module whose top-level package is in ``stubbed`` as a :class:`_Stub`."""
+
+    def __init__(self, stubbed: tuple[str, ...] = STUBBED) -> None:
+        self.stubbed = stubbed
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in STUBBED:
+        if fullname.split(".")[0] in self.stubbed:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -113,27 +118,40 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def import_official(scbench: Path) -> tuple[types.ModuleType, types.ModuleType]:
-    """``(eval_utils, run_scbench)`` imported from ``scbench`` with :data:`STUBBED` stood in; afterwards
-    ``sys.modules`` and ``sys.path`` are as before (the real transformers loads the tokenizer)."""
+def _is_under(module: types.ModuleType, folder: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    return file is not None and Path(file).resolve().parent == folder.resolve()
+
+
+def import_modules(scbench: Path, names: list[str], stubbed: tuple[str, ...] = STUBBED) -> list[types.ModuleType]:
+    """The official modules ``names`` imported from ``scbench`` with ``stubbed`` stood in; afterwards
+    ``sys.path`` is as before and ``sys.modules`` holds neither stand-ins nor official modules."""
     before = dict(sys.modules)
     for name in list(sys.modules):
-        if name.split(".")[0] in STUBBED:
+        if name.split(".")[0] in stubbed:
             del sys.modules[name]
-    finder = _StubFinder()
+    finder = _StubFinder(stubbed)
     sys.meta_path.insert(0, finder)
     sys.path.insert(0, str(scbench))
     try:
-        import eval_utils
-        import run_scbench
+        modules = [importlib.import_module(name) for name in names]
     finally:
         sys.path.remove(str(scbench))
         sys.meta_path.remove(finder)
-        for name in list(sys.modules):
-            if name not in before:
+        for name, module in list(sys.modules.items()):
+            # the stand-ins and the official modules go; real packages imported meanwhile stay (rich, for
+            # one, imports submodules lazily and breaks when they load twice)
+            if name not in before and (isinstance(module, _Stub) or _is_under(module, scbench)):
                 del sys.modules[name]
         sys.modules.update(before)
-    assert Path(eval_utils.__file__).resolve().parent == scbench.resolve(), eval_utils.__file__
+    for module in modules:
+        assert Path(module.__file__).resolve().parent == scbench.resolve(), module.__file__
+    return modules
+
+
+def import_official(scbench: Path) -> tuple[types.ModuleType, types.ModuleType]:
+    """``(eval_utils, run_scbench)`` imported from ``scbench`` with :data:`STUBBED` stood in."""
+    eval_utils, run_scbench = import_modules(scbench, ["eval_utils", "run_scbench"])
     return eval_utils, run_scbench
 
 

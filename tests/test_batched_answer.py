@@ -2,7 +2,7 @@
 
 References: each child answering alone (``child.answer``, the paper's one-at-a-time protocol, itself checked
 against stock transformers in tests/test_conformance.py) and, for the bucketed attention store, an explicit
-per-row, per-head softmax.
+per-row, per-head softmax. Batched and alone are compared token for token and at every step's logits.
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ from tests.conftest import tiny_model
 
 N_CTX = 300
 Q_IDS = [17, 23, 5, 99, 42, 7, 31]
+#: float32 step logits of a child in a batch against the child alone, absolute. Not bit for bit: the decode kernels
+#: make a decoding step's attention and GDN step bit-identical batched and alone (tests/test_decode_kernel.py), but
+#: the question block (a masked, padded SDPA) and the GEMMs over many rows round differently from one row's
+#: (docs/engines.md). Measured on the tiny models (logits of magnitude about 5): at most 2.3e-4 on the MoE family,
+#: 3.9e-5 on the others, with the kernels or SDPA; one visible padding slot moves some child's logits by 9e-4 to 6.
+LOGITS_ATOL = 5e-4
 
 
 def _ids(n: int, seed: int = 0) -> list[int]:
@@ -34,6 +40,16 @@ def _random_kept(parent, counts_per_layer, seed: int) -> list[list[torch.Tensor]
     """``counts_per_layer[f][h]`` random sorted context positions per layer ordinal and KV head."""
     g = torch.Generator().manual_seed(seed)
     return [[torch.randperm(parent.n, generator=g)[:c].sort().values for c in heads] for heads in counts_per_layer]
+
+
+def assert_same_logits(got, want) -> None:
+    """Every answer of ``got`` has the step logits of the same answer of ``want`` (``[steps, vocab]``, the step
+    that picked a stop id included), within :data:`LOGITS_ATOL`."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.step_logits is not None and g.step_logits.shape == w.step_logits.shape, i
+        torch.testing.assert_close(
+            g.step_logits, w.step_logits, atol=LOGITS_ATOL, rtol=0, msg=lambda m, i=i: f"child {i}'s step logits: {m}"
+        )
 
 
 def _children(parent) -> list:
@@ -56,9 +72,9 @@ def _children(parent) -> list:
 
 @pytest.mark.parametrize("stop_mode", ["none", "early"])
 def test_batched_answers_equal_one_at_a_time(family, stop_mode, decode_path):
-    """float32: every child's batched answer is token for token its answer alone, whatever its storage, also
-    when children stop at different steps (stop ids taken from the serial answers, so some end early); with the
-    decode-attention kernel and with SDPA."""
+    """float32: every child's batched answer is token for token its answer alone, and its step logits those alone
+    within :data:`LOGITS_ATOL`, whatever its storage, also when children stop at different steps (stop ids taken
+    from the serial answers, so some end early); with the decode-attention kernel and with SDPA."""
     engine = TorchEngine(tiny_model(family))
     parent = engine.prefill(_ids(N_CTX, seed=7), prot=4)
     children = _children(parent)
@@ -66,10 +82,12 @@ def test_batched_answers_equal_one_at_a_time(family, stop_mode, decode_path):
     if stop_mode == "early":
         alone = [c.answer(Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=()) for c in children]
         stops = tuple({a.token_ids[2 + i % 5] for i, a in enumerate(alone[:3])})
-    serial = [c.answer(Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=stops) for c in children]
-    batched = parent.answer_children(children, Q_IDS, max_new_tokens=12, context_sha256=parent.sha256, stop_ids=stops)
+    kw = {"max_new_tokens": 12, "context_sha256": parent.sha256, "stop_ids": stops, "return_logits": True}
+    serial = [c.answer(Q_IDS, **kw) for c in children]
+    batched = parent.answer_children(children, Q_IDS, **kw)
     assert [a.token_ids for a in batched] == [a.token_ids for a in serial]
     assert [a.stopped for a in batched] == [a.stopped for a in serial]
+    assert_same_logits(batched, serial)
     if stop_mode == "early":
         lengths = {len(a.token_ids) for a in serial}
         assert len(lengths) > 1 and any(a.stopped for a in serial)  # the batch really shrank mid-decode
@@ -82,7 +100,7 @@ def test_batched_answers_equal_one_at_a_time(family, stop_mode, decode_path):
 def test_groups_of_several_contexts_and_questions_equal_one_at_a_time(family):
     """float32: children of two parents (contexts of different lengths, so different positions) answering
     different questions (different lengths and budgets) in one :meth:`answer_groups` call answer token for token
-    as each alone; every answer records the whole decode's size."""
+    as each alone, with the same step logits (:data:`LOGITS_ATOL`); every answer records the whole decode's size."""
     engine = TorchEngine(tiny_model(family))
     parents = [engine.prefill(_ids(N_CTX, seed=7), prot=4), engine.prefill(_ids(N_CTX - 37, seed=8), prot=2)]
     kids = [_children(parents[0]), _children(parents[1])[1:5]]
@@ -90,16 +108,17 @@ def test_groups_of_several_contexts_and_questions_equal_one_at_a_time(family):
     plan = [(0, questions[0]), (1, questions[1]), (0, questions[2]), (1, questions[0])]
     stops = (int(_ids(1, seed=5)[0]),)
     groups = [AnswerGroup(parents[k], kids[k], q, new, parents[k].sha256) for k, (q, new) in plan]
-    got = engine.answer_groups(groups, stop_ids=stops)
+    got = engine.answer_groups(groups, stop_ids=stops, return_logits=True)
     size = sum(len(g.children) for g in groups)
     for group, answers in zip(groups, got, strict=True):
         want = [
             c.answer(group.question_ids, max_new_tokens=group.max_new_tokens, context_sha256=group.context_sha256,
-                     stop_ids=stops)
+                     stop_ids=stops, return_logits=True)
             for c in group.children
         ]  # fmt: skip
         assert [a.token_ids for a in answers] == [a.token_ids for a in want]
         assert [a.stopped for a in answers] == [a.stopped for a in want]
+        assert_same_logits(answers, want)
         assert all(a.batch == size for a in answers)
     assert {len(a.token_ids) for answers in got for a in answers} >= {6, 9}  # budgets are per group
 
@@ -124,9 +143,12 @@ def test_one_child_takes_the_one_at_a_time_path():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(_ids(N_CTX), prot=0)
     child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
-    (got,) = parent.answer_children([child], Q_IDS, max_new_tokens=5, context_sha256=parent.sha256)
-    want = child.answer(Q_IDS, max_new_tokens=5, context_sha256=parent.sha256)
+    (got,) = parent.answer_children([child], Q_IDS, max_new_tokens=5, context_sha256=parent.sha256, return_logits=True)
+    want = child.answer(Q_IDS, max_new_tokens=5, context_sha256=parent.sha256, return_logits=True)
     assert got.batch == 1 and got.token_ids == want.token_ids
+    assert torch.equal(got.step_logits, want.step_logits)  # the same path: bit for bit
+    (plain,) = parent.answer_children([child], Q_IDS, max_new_tokens=5, context_sha256=parent.sha256)
+    assert plain.step_logits is None  # only when asked for
 
 
 def test_batched_answer_leaves_parent_and_children_unchanged():
@@ -139,6 +161,7 @@ def test_batched_answer_leaves_parent_and_children_unchanged():
     alone = children[2].answer(Q_IDS, max_new_tokens=6, context_sha256=parent.sha256)
     assert [a.token_ids for a in first] == [a.token_ids for a in again]
     assert alone.token_ids == first[2].token_ids
+    assert all(a.step_logits is None for a in first)  # logits only when asked for
 
 
 def test_several_live_children_and_their_misuse():

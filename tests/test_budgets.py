@@ -197,3 +197,101 @@ def test_layer_counts_dispatch_and_errors():
         budgets.layer_counts("gate", 9, 3, 100)
     with pytest.raises(KvbenchError, match="valid allocations"):
         budgets.layer_counts("nope", 9, 3, 100)
+
+
+# --- edges and messages (survivors of the mutation run, docs/testing.md) --------------------------------------
+
+
+def test_zero_protected_prefix_and_zero_body():
+    assert budgets.protected_length(0, 5000) == 0  # no instruction: nothing protected
+    assert budgets.protected_length(40, 0) == 0
+    assert budgets.per_head_budget(10, 10, 0.5) == 0  # the whole context protected: an empty body, not an error
+    with pytest.raises(ValueError, match="^protected prefix 11 exceeds context length 10$"):
+        budgets.per_head_budget(10, 11, 0.5)
+
+
+def test_smallest_p_keeps_one_body_entry():
+    """The runner's hint for a p that keeps nothing: the smallest 4-decimal p with ``round(p * m) >= 1``."""
+    assert budgets.smallest_p(4075) == 0.0002  # 1 / 8150 = 0.000123 -> up to 0.0002
+    assert budgets.smallest_p(5000) == 0.0001  # exactly 1 / 10000
+    assert budgets.smallest_p(1) == 0.5 and budgets.smallest_p(3, decimals=2) == 0.17
+    for m in (1, 2, 3, 7, 999, 4075, 123_457):
+        p = budgets.smallest_p(m)
+        assert budgets.per_head_budget(m, 0, p) >= 1  # keeps one (at least: 0.0001 is the floor)
+        assert p == 0.0001 or budgets.per_head_budget(m, 0, round(p - 0.0001, 4)) == 0
+
+
+def test_keep_all_and_global_counts():
+    kept = budgets.keep_all(5, 2, 3)
+    assert len(kept) == 2 and all(len(heads) == 3 for heads in kept)
+    assert all(k.dtype == torch.long and k.tolist() == [0, 1, 2, 3, 4] for heads in kept for k in heads)
+    with pytest.raises(ValueError, match="^the global allocation has no per-layer counts; use select_global$"):
+        budgets.global_counts(5, 2, 10)
+    with pytest.raises(ValueError, match="no per-layer counts"):
+        budgets.layer_counts("global", 5, 2, 10)
+
+
+def test_gate_lets_a_closed_layer_keep_nothing():
+    assert budgets.gate(6, [0.0, 1.0, 2.0], capacity=100) == [0, 6, 12]
+    assert budgets.layer_counts("gate", 6, 3, 100, [0.0, 1.0, 2.0]) == [0, 6, 12]  # a count of 0 is valid
+    with pytest.raises(KvbenchError) as err:
+        budgets.gate_counts(6, 3, 100, [1.0, 2.0])
+    assert str(err.value) == "the gate allocation needs one gate mean per attention layer"
+
+
+def test_apportion_rejects_bad_weights_by_name():
+    with pytest.raises(ValueError, match="^no layers to allocate$"):
+        budgets.apportion([], 0, 0, 1)
+    for bad in ([1.0, float("nan")], [1.0, -0.5]):
+        with pytest.raises(ValueError, match="^allocation weights must be non-negative"):
+            budgets.apportion(bad, 4, 0, 4)
+
+
+def test_layer_counts_refuses_a_plugin_allocation_that_breaks_the_budget(monkeypatch):
+    """An allocation's counts are checked: n_layers of them, each in [0, capacity], summing to n_layers * k."""
+
+    class OneAllocation:
+        def __init__(self, counts):
+            self.counts = counts
+
+        def get(self, name):
+            return lambda k, n_layers, capacity, gate_means: list(self.counts)
+
+        def source(self, name):
+            return f"entry point mypkg:{name}"
+
+    for counts in ([18], [9, 8], [10, 9, -1], [9, 9, 0, 0], [20, -2, 0]):  # 3 layers, k = 6, capacity 10
+        monkeypatch.setattr(budgets, "ALLOCATIONS", OneAllocation(counts))
+        with pytest.raises(KvbenchError) as err:
+            budgets.layer_counts("bad", 6, 3, 10)
+        assert str(err.value) == (
+            f"allocation 'bad' (entry point mypkg:bad) gave per-layer counts {counts} for k=6, 3 layers, "
+            "capacity 10: expected 3 counts in [0, 10] summing to 18"
+        )
+    monkeypatch.setattr(budgets, "ALLOCATIONS", OneAllocation([0, 10, 8]))
+    assert budgets.layer_counts("bad", 6, 3, 10) == [0, 10, 8]
+
+
+def test_selection_refuses_mismatched_inputs_by_name():
+    scores = [torch.rand(2, 25), torch.rand(2, 25)]
+    with pytest.raises(ValueError):  # one count per layer, no fewer
+        budgets.select_per_head(scores, [3], prot=5)
+    with pytest.raises(ValueError):
+        budgets.select_per_head(scores, [3, 3, 3], prot=5)
+    with pytest.raises(ValueError, match="^budget 21 exceeds the 20 body entries$"):
+        budgets.select_per_head(scores, [3, 21], prot=5)
+    with pytest.raises(ValueError, match="^budget 81 exceeds the 80 body entries$"):
+        budgets.select_global(scores, 81, prot=5)
+
+
+def test_apportion_water_filling_hand_worked():
+    # all-zero weights share equally
+    assert budgets.apportion([0.0, 0.0, 0.0], 6, 0, 10) == [2, 2, 2]
+    # both bounds violated: shares 20 * w / 45.5 = 8.79, 0, 2.20, 0.22, 8.79 with [lo, hi] = [3, 5]; the high side
+    # overshoots more (7.58 against 6.58), so layers 0 and 4 are pinned at 5 first; the 10 left give shares 0, 9.09,
+    # 0.91: now the low side (5.09 against 4.09) pins layers 1 and 3 at 3; layer 2 takes the 4 left
+    assert budgets.apportion([20, 0, 5, 0.5, 20], 20, 3, 5) == [5, 3, 4, 3, 5]
+    with pytest.raises(ValueError, match=r"^cannot place 11 entries in 2 layers with bounds \[0, 5\]$"):
+        budgets.apportion([1, 1], 11, 0, 5)
+    with pytest.raises(ValueError, match=r"^allocation weights must be non-negative, got \[1.0, -0.5\]$"):
+        budgets.apportion([1.0, -0.5], 4, 0, 4)

@@ -23,6 +23,8 @@ from kvbench.scorers import get_scorer
 from kvbench.tasks import Context, get_bench, list_benches, ruler, ruler_tasks
 from kvbench.tasks.ruler import MissingDataError, RulerBench
 
+from .conftest import missing_data
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ruler"
 REAL_ESSAY = Path(__file__).resolve().parents[2] / "shared" / "data" / "ruler" / "PaulGrahamEssays.json"
 TASKS = [
@@ -626,7 +628,7 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 @pytest.fixture
 def real_essay(monkeypatch):
     if not REAL_ESSAY.is_file():
-        pytest.skip(f"real essay file absent ({REAL_ESSAY}); the synthetic essay covers the logic")
+        missing_data(f"real essay file absent ({REAL_ESSAY}); the synthetic essay covers the logic")
     monkeypatch.setenv("KVBENCH_DATA_DIR", str(REAL_ESSAY.parent.parent))
     return json.loads(REAL_ESSAY.read_text(encoding="utf-8"))["text"]
 

@@ -17,10 +17,13 @@ import pytest
 from kvbench.errors import KvbenchError
 from kvbench.tasks import Context, Question, get_bench, ruler_jsonl
 from kvbench.tasks.ruler_data import NiahKeys, niah_key_parts
+from kvbench.tasks.ruler_tasks import DATA_FILES
 
-from .test_ruler import REAL_ESSAY, TASKS  # the 13 task names, written out once
+from .conftest import missing_data
+from .test_ruler import ESSAY_TASKS, REAL_ESSAY, TASKS  # the 13 task names, written out once
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ruler_official"
+ESSAY_FILE = "ruler/PaulGrahamEssays.json"
 SEEDS = (42, 7)
 LENGTHS = (1024, 4096)
 #: Runs where RULER's own script never finishes, so there is no RULER output to compare with. With the
@@ -40,14 +43,31 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def ruler_data(tmp_path_factory):
-    if not REAL_ESSAY.is_file():
-        pytest.skip(f"the Paul Graham essays ({REAL_ESSAY}) are shared data, absent here; RULER read them")
+    """A data directory with the committed SQuAD / HotpotQA files, and the shared essays when present (the
+    essay tasks check for them with :func:`needs_data`)."""
     root = tmp_path_factory.mktemp("ruler-data")
     (root / "ruler").mkdir()
-    shutil.copy(REAL_ESSAY, root / "ruler" / "PaulGrahamEssays.json")
+    if REAL_ESSAY.is_file():
+        shutil.copy(REAL_ESSAY, root / "ruler" / "PaulGrahamEssays.json")
     shutil.copy(FIXTURES / "squad.json", root / "ruler" / "squad.json")
     shutil.copy(FIXTURES / "hotpotqa.json", root / "ruler" / "hotpotqa.json")
     return root
+
+
+def needs_data(task: str) -> None:
+    """Skip (or, with ``KVBENCH_REQUIRE_DATA=1``, fail) a check of ``task`` when it reads the essays and they
+    are absent; every other task runs on committed files alone."""
+    if DATA_FILES.get(task) == ESSAY_FILE and not REAL_ESSAY.is_file():
+        missing_data(f"{task} reads the Paul Graham essays ({REAL_ESSAY}): shared data, absent here")
+
+
+def test_only_the_essay_haystack_tasks_need_shared_data():
+    """The gate above follows kvbench's own data table, which must name RULER's five essay-haystack tasks
+    (synthetic.yaml: niah with ``haystack: essay``) and the QA files, and nothing else."""
+    assert {t for t, f in DATA_FILES.items() if f == ESSAY_FILE} == set(ESSAY_TASKS)
+    assert {t: f for t, f in DATA_FILES.items() if f != ESSAY_FILE} == {
+        "qa_1": "ruler/squad.json", "qa_2": "ruler/hotpotqa.json"}  # fmt: skip
+    assert all((FIXTURES / Path(f).name).is_file() for t, f in DATA_FILES.items() if f != ESSAY_FILE)
 
 
 def test_every_fixture_is_present_or_a_documented_ruler_hang():
@@ -67,6 +87,7 @@ def test_every_fixture_is_present_or_a_documented_ruler_hang():
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("task", TASKS)
 def test_byte_identical_to_rulers_scripts(task, length, seed, tokenizer, ruler_data, tmp_path, monkeypatch):
+    needs_data(task)
     expected = FIXTURES / f"seed{seed}" / str(length) / f"{task}.jsonl"
     monkeypatch.setenv("KVBENCH_DATA_DIR", str(ruler_data))
     if (seed, length, task) in NO_RULER_OUTPUT:
@@ -90,6 +111,7 @@ def test_item_i_does_not_depend_on_limit(task, tokenizer, ruler_data, monkeypatc
     first and consumes the same draws whatever the count)."""
     from kvbench.prompt import prompt_length
 
+    needs_data(task)
     monkeypatch.setenv("KVBENCH_DATA_DIR", str(ruler_data))
     bench, pl = get_bench("ruler"), prompt_length(tokenizer)
     assert bench.sampling == "official"  # the default

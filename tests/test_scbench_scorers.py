@@ -178,6 +178,19 @@ def test_resolve_choice_forms():
         assert sc.resolve_choice(text, opts) is None, text
 
 
+def test_resolve_choice_punctuation_and_option_text_edges():
+    """Only punctuation after the letter (any of ``.;:,!``, repeated) resolves; other text must be the letter's own
+    option, compared without its trailing punctuation and up to a non-alphanumeric character."""
+    opts = ["Alpha.", "Max", "Gamma", "Delta"]
+    for text, want in [
+        ("B..", "B"), ("(B);", "B"), ("B. ,", "B"), ("B!", None),  # punctuation after the letter (not "!" first)
+        ("A. Alpha", "A"), ("A. Alpha.", "A"), ("A) alpha, I think", "A"),  # option "Alpha." read without its "."
+        ("B. Max", "B"), ("B: max!", "B"),  # an option ending in "x" keeps it ("Ma" is not the option)
+        ("B. Maxim", None), ("B X", None), ("B. Ma", None), ("A. Alphabet", None),
+    ]:  # fmt: skip
+        assert sc.resolve_choice(text, opts) == want, text
+
+
 def test_choice_references_validated():
     with pytest.raises(ValueError):
         sc.choice_references("Zeta", ["Alpha", "Beta", "Gamma", "Delta"])
@@ -336,3 +349,24 @@ def test_fuzz_choice_any_options(prediction, options, gold):
     assert o in (0.0, 100.0) and r in (0.0, 100.0)
     letter = sc.resolve_choice(prediction, options)
     assert r == (100.0 if letter == "ABCD"[gold] else 0.0)
+
+
+def test_bad_references_are_refused_by_name():
+    """Malformed references raise a ValueError naming the expected layout (a bare string is not a sequence of
+    references; an empty one has no label); an unknown scorer key a KeyError listing the valid ones."""
+    for refs in ("abc", ()):
+        with pytest.raises(ValueError, match=r"^references must be a sequence of at least 1 strings, got "):
+            score("scbench_kv", "abc", refs)
+    with pytest.raises(ValueError, match=r"^choice_eng needs 4 options containing the answer; got \['A', 'B', "):
+        sc.choice_references("E", ["A", "B", "C", "D"])
+    for refs in (("E", "A", "B", "C", "D"), ("A", "A", "B", "C")):  # the answer not among the options; 3 options
+        with pytest.raises(ValueError, match=r"^choice_eng references must be \(answer_text, option_A, option_B, "
+                           r"option_C, option_D\) with the answer among the options, got "):  # fmt: skip
+            score("scbench_choice_eng", "A", refs)
+    with pytest.raises(KeyError, match="no SCBench scorer for 'nope'; valid: kv, prefix_suffix, vt, "):
+        sc.scorer_names("nope")
+
+
+def test_qa_chn_official_of_an_empty_answer_is_zero():
+    """The official code loops over the answer string's characters: an empty answer has none, F1 0 (not 1)."""
+    assert both("qa_chn", "北京", ("",)) == (0.0, 0.0)

@@ -80,5 +80,5 @@ def test_control_characters_become_newlines():
 @pytest.mark.parametrize("name", ["string_match_all", "string_match_part"])
 @pytest.mark.parametrize("refs", [[], (), "1234567"])
 def test_empty_or_bare_string_references_raise(name, refs):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^references must be a non-empty sequence of strings, got "):
         score(name, "1234567", refs)

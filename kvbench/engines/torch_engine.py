@@ -289,19 +289,27 @@ class TorchEngine(EngineBase):
         super().close()
         self._arena = Arena()
 
-    def answer_groups(self, groups: Sequence[AnswerGroup], stop_ids: Sequence[int] | None = None) -> list[list[Answer]]:
+    def answer_groups(
+        self, groups: Sequence[AnswerGroup], stop_ids: Sequence[int] | None = None, *, return_logits: bool = False
+    ) -> list[list[Answer]]:
         """Every group's children answer in one batched greedy loop (:meth:`_answer_groups`): groups of different
         parents (contexts) and questions decode together, which keeps the batch full when each group's tail is a
-        few long answers. One child in all: the one-at-a-time path."""
+        few long answers. One child in all: the one-at-a-time path. ``return_logits``: each answer carries its
+        ``step_logits`` (``[steps, vocab]`` float32, as :meth:`TorchChild.answer` gives them; for tests)."""
         for group in groups:
             if getattr(group.parent, "engine", None) is not self:
                 raise ProtocolError(f"parent {group.parent.session_id} is not a session of this engine")
         if sum(len(g.children) for g in groups) == 1 or len(groups) == 1:  # each parent's own answer_children
-            return super().answer_groups(groups, stop_ids)
+            return [
+                g.parent.answer_children(g.children, g.question_ids, max_new_tokens=g.max_new_tokens,
+                                         context_sha256=g.context_sha256, stop_ids=stop_ids,
+                                         return_logits=return_logits)
+                for g in groups
+            ]  # fmt: skip
         for group in groups:
             group.parent._check_children(group.children, group.context_sha256)
         lanes = [_Lane(g.parent, [c.layers for c in g.children], g.question_ids, g.max_new_tokens) for g in groups]
-        return self._answer_groups(lanes, stop_ids)
+        return self._answer_groups(lanes, stop_ids, return_logits)
 
     def _question_block(self, lane: _Lane) -> _Block:
         """Feed ``lane``'s question to all its children at once (one forward): their batch (per attention layer a
@@ -346,20 +354,25 @@ class TorchEngine(EngineBase):
         return cache
 
     @torch.no_grad()
-    def _answer_groups(self, lanes: Sequence[_Lane], stop_ids: Sequence[int] | None) -> list[list[Answer]]:
+    def _answer_groups(
+        self, lanes: Sequence[_Lane], stop_ids: Sequence[int] | None, return_logits: bool = False
+    ) -> list[list[Answer]]:
         """The greedy answers of several lanes (a lane: children of one parent and one question; lanes may differ
         in parent, question and budget) in one batched loop: each lane's question is fed in its own forward
         (:meth:`_question_block`), then every lane's rows decode together, one forward per step, each row at its own
         position; the same stopping rule as :meth:`EngineBase.greedy`, row by row (a row's budget is its lane's);
-        a row whose answer ended leaves the batch. Returns per lane its children's answers, in their order."""
+        a row whose answer ended leaves the batch. Returns per lane its children's answers, in their order (with
+        their ``step_logits`` when ``return_logits``)."""
         self._check_attention()
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
         start = time.perf_counter()
         self._arena.reset()  # no batch of an earlier answer is in use any more
         with self.adapter.decode_kernels():
-            return self._decode_lanes(lanes, stops, start)
+            return self._decode_lanes(lanes, stops, start, return_logits)
 
-    def _decode_lanes(self, lanes: Sequence[_Lane], stops: set[int], start: float) -> list[list[Answer]]:
+    def _decode_lanes(
+        self, lanes: Sequence[_Lane], stops: set[int], start: float, return_logits: bool = False
+    ) -> list[list[Answer]]:
         """:meth:`_answer_groups`'s loop (it holds the decode kernels around it)."""
         device = self.device
         blocks = [self._question_block(lane) for lane in lanes]
@@ -371,11 +384,15 @@ class TorchEngine(EngineBase):
         logits = torch.cat([b.logits for b in blocks]) if len(blocks) > 1 else blocks[0].logits
         generated = [[[] for _ in lane.children_kv] for lane in lanes]
         stopped = [[False] * len(lane.children_kv) for lane in lanes]
+        log: list[list[list[torch.Tensor]]] = [[[] for _ in lane.children_kv] for lane in lanes]  # return_logits
         leading = self.adapter.leading_gdn_layer_ids
         groups = [k for k, _ in rows]  # batch row -> its row of the leading GDN layers (one per lane so far)
         n_groups = len(lanes)
         with self._batched_layers(batch):
             for i in range(max(budget)):
+                if return_logits:  # each row's logits before its token is picked, as the one-at-a-time loop logs
+                    for r, row_logits in enumerate(logits.float().cpu()):
+                        log[rows[r][0]][rows[r][1]].append(row_logits)
                 tokens = logits.argmax(-1).tolist()
                 live = []
                 for r, token in enumerate(tokens):
@@ -416,11 +433,12 @@ class TorchEngine(EngineBase):
         seconds = (time.perf_counter() - start) / size
         return [
             [
-                Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size)
-                for ids, stop in zip(lane_ids, lane_stopped, strict=True)
+                Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size,
+                       step_logits=torch.stack(steps) if return_logits else None)
+                for ids, stop, steps in zip(lane_ids, lane_stopped, lane_log, strict=True)
             ]
-            for lane_ids, lane_stopped in zip(generated, stopped, strict=True)
-        ]
+            for lane_ids, lane_stopped, lane_log in zip(generated, stopped, log, strict=True)
+        ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -652,17 +670,20 @@ class TorchParent(ParentSession):
             if not isinstance(child, TorchChild):
                 raise ProtocolError(f"child {child.session_id} holds no compacted layers to batch (not a TorchChild)")
 
-    def answer_children(self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None) -> list[Answer]:
+    def answer_children(
+        self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits: bool = False
+    ) -> list[Answer]:
         """One question answered by every child of ``children`` in one batched greedy loop (one child alone: the
         one-at-a-time path, :meth:`TorchChild.answer`). The tokens equal each child's own answer's up to float
-        rounding of the batched kernels (the tests hold them token-identical in float32)."""
+        rounding of the batched kernels (the tests hold them token-identical, and the step logits within float32
+        rounding). ``return_logits``: each answer carries its ``step_logits`` (``[steps, vocab]`` float32)."""
         self._check_children(children, context_sha256)
-        if len(children) == 1:  # alone: the base's one-at-a-time path
-            return super().answer_children(
-                children, question_ids, max_new_tokens=max_new_tokens, context_sha256=context_sha256, stop_ids=stop_ids
-            )
+        if len(children) == 1:  # alone: the one-at-a-time path
+            (child,) = children
+            kw = {"max_new_tokens": max_new_tokens, "context_sha256": context_sha256, "stop_ids": stop_ids}
+            return [child.answer(question_ids, **kw, return_logits=return_logits)]
         lane = _Lane(self, [c.layers for c in children], question_ids, max_new_tokens)
-        return self.engine._answer_groups([lane], stop_ids)[0]
+        return self.engine._answer_groups([lane], stop_ids, return_logits)[0]
 
     def answer_batch_limit(self, question_tokens: int, max_new_tokens: int, *, forked: bool = False) -> int:
         """How many children fit at once in :data:`BATCH_MEMORY_SHARE` of the memory free now, each counted at its
