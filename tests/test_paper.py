@@ -235,9 +235,14 @@ def test_costs_from_rows_means_per_context():
         for meth, s in (("gatesight", 0.2), ("full", 0.0))
         for p in (0.5, 0.1)
     ]
-    c = costs_from_rows(pd.DataFrame(rows))["run"]["m"]
+    slow = [{**r, "bench": "b2", "answer_s": 0.9} for r in rows]
+    c = costs_from_rows(pd.DataFrame(rows + slow))["run"]["m"]
     assert c["prefill_s"] == pytest.approx(1.5) and c["score_s"]["gatesight"] == pytest.approx(0.2)
-    assert c["answer_s_per_child_question"] == pytest.approx(0.3) and c["fork_s_per_child"] == pytest.approx(0.1)
+    assert c["answer_s_per_child_question"] == pytest.approx(0.6) and c["fork_s_per_child"] == pytest.approx(0.1)
+    assert c["benches"]["b2"]["answer_s_per_child_question"] == pytest.approx(0.9)
+    # a bench's own costs serve its grids: 1 context, 2 children (gatesight at 0.5 + full), 1 question
+    grid = A.Grid("g", "run", bench="b2", tasks=("t",), methods=("gatesight",), ps=(0.5,), limit=1)
+    assert estimate_grid(grid, "m", {"run": {"m": c}}).seconds == pytest.approx(1.5 + 0.2 + 0.0 + 2 * 0.1 + 2 * 0.9)
 
 
 def test_dry_run_lists_every_artifact_and_a_total():

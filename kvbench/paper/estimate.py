@@ -49,6 +49,7 @@ def _run_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
     c = costs.get("run", {}).get(model)
     if c is None:
         return Estimate(grid, model, counts, None, f"no measured cost for {model} (give --results DIR of a run of it)")
+    c = {**c, **c.get("benches", {}).get(grid.bench, {})}  # a bench's own measured costs, where recorded
     score = c["score_s"]
     unknown = [m for m in [*pruned, "full"] if m not in score]
     if unknown:
@@ -94,19 +95,32 @@ def _labels_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
     return Estimate(grid, model, counts, docs * grid.max_doc_tokens * rate, costs["labels"].get("source", ""))
 
 
-def _eval_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
+def _eval_estimate(grid: Grid, model: str, costs: dict, docs: int | None = None) -> Estimate:
     key = "artifact" if grid.artifact else "loco"
-    seconds = costs.get("eval", {}).get(key, {}).get(grid.label_set)
+    rate = costs.get("eval", {}).get(f"{key}_s_per_doc")
     counts = "1 evaluation" if grid.artifact else "1 evaluation, one training per held-out corpus"
-    why = costs.get("eval", {}).get("source", "") if seconds is not None else "no measured evaluation cost"
-    return Estimate(grid, model, counts, seconds, why)
+    if docs is not None:
+        counts += f" over {docs} documents"
+    if rate is None or docs is None:
+        why = "no measured evaluation cost" if rate is None else "documents of --corpus not counted here"
+        return Estimate(grid, model, counts, None, why)
+    return Estimate(grid, model, counts, rate * docs, costs["eval"].get("source", ""))
 
 
-def estimate_grid(grid: Grid, model: str, costs: dict) -> Estimate:
-    """The estimate of ``grid`` on ``model`` from ``costs`` (see ``costs.json``)."""
-    return {"run": _run_estimate, "cost": _cost_estimate, "labels": _labels_estimate, "eval": _eval_estimate}[
-        grid.kind
-    ](grid, model, costs)
+def estimate_grid(grid: Grid, model: str, costs: dict, docs: int | None = None) -> Estimate:
+    """The estimate of ``grid`` on ``model`` from ``costs`` (see ``costs.json``); ``docs``: the documents of an eval
+    grid's label set (None: not known)."""
+    if grid.kind == "eval":
+        return _eval_estimate(grid, model, costs, docs)
+    return {"run": _run_estimate, "cost": _cost_estimate, "labels": _labels_estimate}[grid.kind](grid, model, costs)
+
+
+def label_docs(p: Plan, label_set: str) -> int | None:
+    """Documents of ``label_set`` in plan ``p`` (None: every document of --corpus, not counted)."""
+    for g in p.grids:
+        if g.kind == "labels" and g.label_set == label_set and g.docs_per_kind is not None:
+            return g.docs_per_kind * _KINDS_PER_CORPUS
+    return None
 
 
 def costs_from_rows(df: Any) -> dict[str, dict]:
@@ -117,18 +131,24 @@ def costs_from_rows(df: Any) -> dict[str, dict]:
     if df is None or len(df) == 0:
         return out
     ctx = ["model", "bench", "task", "item"] if "item" in df.columns else ["model", "bench", "task"]
-    for model, rows in df.groupby("model", observed=True):
+
+    def costs(rows: Any) -> dict:
         contexts = rows.drop_duplicates(ctx)
         scored = rows.drop_duplicates([*ctx, "method"])
         children = rows.drop_duplicates([*ctx, "method", "allocation", "p"])
         score = scored.groupby("method", observed=True).score_s.mean()
-        out[str(model)] = {
+        return {
             "prefill_s": float(contexts.prefill_s.mean()),
             "score_s": {str(m): float(s) for m, s in score.items() if not math.isnan(s)},
             "fork_s_per_child": float(children.fork_s.mean()) if "fork_s" in rows else 0.0,
             "answer_s_per_child_question": float(rows.answer_s.mean()) if "answer_s" in rows else 0.0,
             "source": f"timing columns of {len(rows)} result rows ({len(contexts)} contexts)",
         }
+
+    for model, rows in df.groupby("model", observed=True):
+        entry = costs(rows)
+        entry["benches"] = {str(b): costs(r) for b, r in rows.groupby("bench", observed=True)}
+        out[str(model)] = entry
     return {"run": out}
 
 
@@ -163,7 +183,7 @@ def format_dry_run(p: Plan, costs: dict) -> list[str]:
     for grid in p.grids:
         lines.append(f"  {grid.name}: {grid.describe()}")
         for model in p.models_of(grid):
-            est = estimate_grid(grid, model, costs)
+            est = estimate_grid(grid, model, costs, label_docs(p, grid.label_set) if grid.kind == "eval" else None)
             when = f"~{format_minutes(est.seconds)}" if est.seconds is not None else "time unknown"
             lines.append(f"    {model}: {est.counts}; {when}" + ("" if est.seconds is not None else f" ({est.why})"))
             if est.seconds is None:
