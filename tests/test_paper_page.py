@@ -178,6 +178,8 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     assert "TINY-MODEL NUMBER" in md
     headers = [line for line in md.splitlines() if line.startswith("| source | row |")]
     assert headers and all("measured (tiny-model number)" in h for h in headers)
+    tables = [b for b in md.split("\n\n") if b.startswith("| ") and not b.startswith("| grid | model | seconds")]
+    assert len(tables) > len(headers) and all("(tiny-model number)" in t.splitlines()[0] for t in tables)
     assert "measured |" not in md.replace("measured (tiny-model number) |", "")
     assert md.count("**held**") >= 5 and "**did not hold**" in md
     figs = sorted(q.name for q in (out / "figures").iterdir())

@@ -162,13 +162,23 @@ def _method_table(art: PlannedArtifact, measured: dict[str, float], p: Plan) -> 
     return [
         Block(
             "table",
-            headers=["grid", "model", "method / allocation", "p = 0.7", "p = 0.4", "p = 0.1", "mean"],
+            headers=[
+                "grid",
+                "model",
+                "method / allocation",
+                *[f"{c}{_tiny(p.scale)}" for c in ("p = 0.7", "p = 0.4", "p = 0.1", "mean")],
+            ],
             rows=rows,
         )
     ]
 
 
-def _cost_table(raw: dict) -> list[Block]:
+def _tiny(scale: str) -> str:
+    """The label every measured column carries at tiny scale."""
+    return " (tiny-model number)" if scale == "tiny" else ""
+
+
+def _cost_table(raw: dict, scale: str) -> list[Block]:
     rows = []
     for model, data in raw.get("cost", {}).items():
         for r in data.get("rows", []):
@@ -185,7 +195,16 @@ def _cost_table(raw: dict) -> list[Block]:
     if not rows:
         return []
     return [
-        Block("table", headers=["model", "method", "length", "prefill s", "scoring s", "scoring / prefill"], rows=rows)
+        Block(
+            "table",
+            headers=[
+                "model",
+                "method",
+                "length",
+                *[f"{c}{_tiny(scale)}" for c in ("prefill s", "scoring s", "scoring / prefill")],
+            ],
+            rows=rows,
+        )
     ]
 
 
@@ -328,7 +347,7 @@ def build_page(
         if section in ("kvzip", "allocation"):
             blocks += _method_table(pa, measured, p)
         if section == "cost":
-            blocks += _cost_table(raw)
+            blocks += _cost_table(raw, scale)
         if section == "dynamics":
             blocks += _dynamics_figure(raw, out, scale)
         if section == "signals":
