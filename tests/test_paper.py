@@ -425,3 +425,34 @@ def test_every_paper_finding_is_measurable_from_its_own_numbers():
         assert decided[fid] != NOT_HELD, fid
     assert decided["gs-leads-kvzip-p01"] == HELD and decided["gate-flat-pyramid-order"] == HELD
     assert decided["window-3-loses"] == HELD and decided["mlp-beats-ridge-tail"] == HELD
+
+
+def test_slow_head_rows_count_only_where_there_are_slow_heads():
+    from kvbench.paper.measure import predictor_values
+
+    pred = {"layer_mean": {"rho": 0.2, "ov@10": 0.3}, "per_layer": [{"rho": 0.2, "ov@10": 0.3}]}
+    result = {"predictors": {"slow-head β‖v‖": pred, "age (older first)": pred},
+              "config": {"slow_heads": [[False, False], [False, False]]}}  # fmt: skip
+    got = predictor_values(result, "main", "short", 6)
+    key = lambda name, **kw: spec_key({"kind": "predictor", "model": "main", "set": "short", "window": 6,  # noqa: E731
+                                       "predictor": name, **kw})  # fmt: skip
+    assert key("slow-head β‖v‖", metric="rho") not in got
+    assert got[key("age (older first)", metric="ov@10")] == pytest.approx(30.0)  # overlap in %
+    assert got[key("age (older first)", metric="rho", layer=0)] == pytest.approx(0.2)
+    result["config"]["slow_heads"][1][0] = True
+    assert predictor_values(result, "main", "short", 6)[key("slow-head β‖v‖", metric="rho")] == pytest.approx(0.2)
+
+
+def test_greatest_with_optional_others():
+    rule = {"id": "g", "artifact": "table1_5", "source": "s", "text": "t",
+            "rule": {"type": "all", "for": {"model": ["main"]},
+                     "check": {"op": "greatest", "others_optional": True, "left": {"kind": "dynamics", "metric": "a"},
+                               "others": [{"kind": "dynamics", "metric": m} for m in ("b", "c")]}}}  # fmt: skip
+    key = lambda metric: spec_key({"kind": "dynamics", "metric": metric, "model": "main"})  # noqa: E731
+    v = evaluate(rule, {key("a"): 0.5, key("b"): 0.1})
+    assert v.status == HELD and v.cases[0].missing == ["c, main"]
+    assert evaluate(rule, {key("a"): 0.5, key("b"): 0.6}).status == NOT_HELD
+    assert evaluate(rule, {key("a"): 0.5}).status == NOT_MEASURABLE
+    strict = json.loads(json.dumps(rule))
+    del strict["rule"]["check"]["others_optional"]
+    assert evaluate(strict, {key("a"): 0.5, key("b"): 0.1}).status == NOT_MEASURABLE

@@ -108,9 +108,15 @@ def cost_values(cost: dict, role: str) -> dict[str, float]:
 
 
 def predictor_values(result: dict, role: str, set_name: str, window: int) -> dict[str, float]:
-    """A ``kvbench gatesight eval`` JSON -> predictor specs (layer means, and per layer with ``layer``)."""
+    """A ``kvbench gatesight eval`` JSON -> predictor specs (layer means, and per layer with ``layer``). Where the
+    evaluation found no slow head (``config.slow_heads`` all false) the slow-head rows are left out: they score a
+    constant (chance level), so a finding about slow heads is not measurable rather than failed."""
     out: dict[str, float] = {}
+    slow = result.get("config", {}).get("slow_heads")
+    no_slow = slow is not None and not any(any(layer) for layer in slow)
     for name, pred in result.get("predictors", {}).items():
+        if no_slow and "slow" in name:
+            continue  # no slow head: these rows score a constant, they measure nothing
         base = {"kind": "predictor", "model": role, "set": set_name, "window": window, "predictor": name}
         for metric, value in pred.get("layer_mean", {}).items():
             if value == value:

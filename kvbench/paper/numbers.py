@@ -32,14 +32,14 @@ _FINDING_KEYS = ("id", "artifact", "source", "text", "rule")
 
 
 def _norm(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return value
-    return round(float(value), 4)
+    """Floats rounded to 4 decimals; ints, strings and bools as they are (a layer index stays ``0``)."""
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def spec_key(spec: dict) -> str:
-    """A canonical string for a measure spec (numbers rounded to 4 decimals, keys sorted), the key of a measured
-    value: ``{"kind": "accuracy", "p": 0.1, …}`` and ``{"p": 0.10000001, "kind": "accuracy", …}`` share it."""
+    """A canonical string for a measure spec (floats rounded to 4 decimals, keys sorted), the key of a measured
+    value: ``{"kind": "accuracy", "p": 0.1, …}`` and ``{"p": 0.10000001, "kind": "accuracy", …}`` share it. Numbers
+    keep their type: a length is the int ``4096`` on both sides, p the float ``1.0``."""
     return json.dumps({k: _norm(v) for k, v in spec.items()}, sort_keys=True, ensure_ascii=False)
 
 

@@ -41,6 +41,8 @@ def _num(v: float | None, unit: str = "") -> str:
         return "—"
     if unit == "s":
         return f"{v:.3f}"
+    if unit == "tokens":
+        return f"{v:.3g}"
     if unit == "" and abs(v) < 10:
         return f"{v:+.3f}" if abs(v) < 1 else f"{v:.2f}"
     return f"{v:.1f}"

@@ -8,7 +8,9 @@ keys hold for that axis. The axis ``model`` sets each spec's ``model`` (a role: 
 Checks (``left``, ``right``, ``others``, ``chain`` are specs; numbers in the measured unit):
 
 * ``greater``: left > right;  ``at_least``: left >= right;  ``within_below``: right − left <= ``margin``;
-* ``greatest``: left > every one of ``others``;  ``chain_at_least``: chain[0] >= chain[1] >= …;
+* ``greatest``: left > every one of ``others`` (with ``others_optional``, every measured one: a signal that is
+  not measured, e.g. a slow-head row on a model without slow heads, is left out and named in the case);
+  ``chain_at_least``: chain[0] >= chain[1] >= …;
 * ``at_most``: left <= ``value``;  ``at_least_value``: left >= ``value`` (> with ``strict``);
 * ``between``: ``low`` <= left <= ``high``;  ``ratio_above``: left > ``factor`` × right (right must be > 0).
 
@@ -148,6 +150,12 @@ def _specs(check: dict) -> list[dict]:
 def _case(check: dict, binding: dict, measured: dict[str, float], names: dict[str, str] | None) -> Case:
     case = Case(binding, None)
     values = [_get(_with_model(s, binding), measured, names, case) for s in _specs(check)]
+    if check["op"] == "greatest" and check.get("others_optional") and values[0] is not None:
+        values = [values[0], *[v for v in values[1:] if v is not None]]  # unmeasured others stay in case.missing
+        if len(values) < 2:
+            return case
+        case.outcome = _CHECKS["greatest"](check, values)
+        return case
     if any(v is None for v in values):
         return case
     if check["op"] == "ratio_above" and values[1] <= 0:
