@@ -182,6 +182,10 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     assert len(tables) > len(headers) and all("(tiny-model number)" in t.splitlines()[0] for t in tables)
     assert "measured |" not in md.replace("measured (tiny-model number) |", "")
     assert md.count("**held**") >= 5 and "**did not hold**" in md
+    # Table 3: gatesight's nine-p mean 50 + 40 x 0.5 = 70 against kvzip's 30 + 60 x 0.5 = 60; at 0.1: 54 vs 36
+    assert "| main-ruler | tiny-trained-dense | gatesight | 78.0 | 66.0 | 54.0 | 70.0 | +18.0 | +10.0 |" in md
+    # Table 4: flat 4 points under gate at every p, pyramid 20
+    assert "| alloc-scbench | tiny-trained-dense | pyramid | 58.0 | 46.0 | 34.0 | 50.0 | -20.0 | -20.0 |" in md
     figs = sorted(q.name for q in (out / "figures").iterdir())
     assert any(f.startswith("fig4-main-ruler-tiny-trained-dense") and f.endswith(".pdf") for f in figs)
     assert any(f.startswith("figs9_12-main-scbench") and f.endswith(".png") for f in figs)

@@ -133,7 +133,9 @@ def _accuracy_figures(art: PlannedArtifact, df: Any, p: Plan, out: Path, scale: 
 
 
 def _method_table(art: PlannedArtifact, measured: dict[str, float], p: Plan) -> list[Block]:
-    """Every method (or allocation) of the artifact's run grids at p = 0.7, 0.4, 0.1 and the nine-p mean."""
+    """Every method (or allocation) of the artifact's run grids at p = 0.7, 0.4, 0.1 and the nine-p mean, and each
+    one's difference (points) to the comparison arm at p = 0.1 and on the mean: KVzip for the method grids (Table
+    3), the gate-proportional allocation for the allocation grids (Table 4)."""
     roles = model_roles(p.models)
     cols = [0.7, 0.4, 0.1, "mean"]
     rows = []
@@ -143,36 +145,28 @@ def _method_table(art: PlannedArtifact, measured: dict[str, float], p: Plan) -> 
         for role, model in roles.items():
             if model not in p.models_of(grid):
                 continue
-            arms = (
-                [(a, {"allocation": a}) for a in grid.allocations]
-                if grid.allocations
-                else [(m, {}) for m in grid.methods]
-            )
-            for name, extra in arms:
-                method = "gatesight" if grid.allocations else name
-                vals = [
-                    measured.get(
-                        spec_key(
-                            {"kind": "accuracy", "grid": grid.name, "model": role, "method": method, "p": c, **extra}
-                        )
-                    )
-                    for c in cols
+            if grid.allocations:
+                arms = [(a, "gatesight", {"allocation": a}) for a in grid.allocations]
+            else:
+                arms = [(m, m, {}) for m in grid.methods]
+            base = {"kind": "accuracy", "grid": grid.name, "model": role}
+            table = {name: [measured.get(spec_key({**base, "method": m, "p": c, **x})) for c in cols]
+                     for name, m, x in arms}  # fmt: skip
+            ref = table[arms[0][0] if grid.allocations else "kvzip"] if (grid.allocations or "kvzip" in table) else None
+            for name, vals in table.items():
+                deltas = [
+                    None if ref is None or v is None or r is None else v - r
+                    for v, r in zip(vals[2:], ref[2:], strict=True)
                 ]
-                rows.append([grid.name, model, name, *[_num(v, "%") for v in vals]])
+                rows.append([grid.name, model, name, *[_num(v, "%") for v in vals],
+                             *[("—" if d is None else f"{d:+.1f}") for d in deltas]])  # fmt: skip
     if not rows:
         return []
-    return [
-        Block(
-            "table",
-            headers=[
-                "grid",
-                "model",
-                "method / allocation",
-                *[f"{c}{_tiny(p.scale)}" for c in ("p = 0.7", "p = 0.4", "p = 0.1", "mean")],
-            ],
-            rows=rows,
-        )
-    ]
+    against = "gate" if art.artifact.id == "table4" else "KVzip"
+    headers = ["grid", "model", "method / allocation",
+               *[f"{c}{_tiny(p.scale)}" for c in ("p = 0.7", "p = 0.4", "p = 0.1", "mean")],
+               f"vs {against} at p = 0.1", f"vs {against}, mean"]  # fmt: skip
+    return [Block("table", headers=headers, rows=rows)]
 
 
 def _tiny(scale: str) -> str:
