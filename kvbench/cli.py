@@ -679,14 +679,6 @@ def results_upgrade(
                 console.print(f"  original saved as {up.backup}", markup=False, soft_wrap=True)
 
 
-def _mount_paper() -> None:
-    """``kvbench paper`` (kvbench.paper.cli imports no torch at import time)."""
-    from kvbench.paper.cli import paper
-
-    app.command("paper")(paper)
-
-
-_mount_paper()
 app.add_typer(ruler_app, name="ruler")
 app.add_typer(scbench_app, name="scbench")
 app.add_typer(results_app, name="results")

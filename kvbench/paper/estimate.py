@@ -190,8 +190,11 @@ def format_dry_run(p: Plan, costs: dict) -> list[str]:
                 unknown.append(f"{grid.name} on {model}")
             else:
                 total += est.seconds
+    reasons: dict[str, list[str]] = {}
     for name, reason in p.blocked.items():
-        lines.append(f"  {name}: not run: {reason}")
+        reasons.setdefault(reason, []).append(name)
+    for reason, names in reasons.items():
+        lines.append(f"  not run: {', '.join(names)}: {reason}")
     lines.append("")
     if total and not unknown:
         lines.append(

@@ -3,10 +3,9 @@ bar, every output under one directory so that an interrupted ``kvbench paper`` r
 
 * run grids -> ``DIR/results`` (one results store, :func:`kvbench.runner.run`; finished rows are skipped);
 * the cost grid -> ``DIR/cost/<model>.json`` (:func:`kvbench.cost.measure_cost`; skipped when present);
-* label grids -> ``DIR/gatesight/<model>/labels-<set>`` (:func:`label_corpus`, resumable per document), a corpus
-  from :func:`kvbench.training.write_calibration_corpus` (seeded apart from the shipped calibration corpus) or
-  ``--corpus``, and ``dynamics-<set>.json`` (Figure 1's half-life statistics);
-* eval grids -> ``DIR/gatesight/<model>/<grid>.json`` (:func:`evaluate_labels`; skipped when present).
+* label grids -> ``DIR/gatesight/<model>/labels-<set>`` and ``dynamics-<set>.json`` (Figure 1's half-life
+  statistics, :func:`half_life_stats`), eval grids -> ``DIR/gatesight/<model>/<grid>.json``: GateSight's own label
+  and eval code, run by the stages :mod:`kvbench.methods.gatesight.paper` registers (:func:`register_stage`).
 """
 
 from __future__ import annotations
@@ -16,18 +15,16 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbench.atomic import write_atomic
+from kvbench.errors import KvbenchError
 from kvbench.paper.artifacts import Grid, Plan
 
-__all__ = ["dynamics", "grid_paths", "run_plan"]
+__all__ = ["STAGES", "grid_paths", "half_life_stats", "register_stage", "run_plan"]
 
-#: label corpora: seeds apart from the shipped calibration corpus (seed 0), so held-out documents
-_CORPUS_SEED = {"short": 1, "2k": 2}
 JACCARD_THRESHOLDS = (300, 1000, 4000)
 
 
@@ -104,62 +101,15 @@ def _cost_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, con
     save_cost(rows, path, meta)
 
 
-def _labels_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
-    from kvbench.methods.gatesight.labels import label_corpus
-    from kvbench.methods.gatesight.utility import LabelConfig
-    from kvbench.models import load_model
-    from kvbench.training import write_calibration_corpus
-
-    target = grid_paths(out, grid, model)
-    corpus = opts.get("corpus")
-    if corpus is None:
-        corpus = out / "gatesight" / f"corpus-{grid.label_set}"
-        if not corpus.exists():
-            write_calibration_corpus(
-                corpus,
-                n_docs=grid.docs_per_kind or 4,
-                n_chars=6 * grid.max_doc_tokens,
-                seed=_CORPUS_SEED.get(grid.label_set, 3),
-            )
-    lm = load_model(model, device=opts.get("device", "cpu"), dtype=opts.get("dtype"))
-    config = LabelConfig(max_doc_tokens=grid.max_doc_tokens)
-    label_corpus(
-        lm.model,
-        lm.tokenizer,
-        corpus,
-        target,
-        config,
-        fingerprint=lm.fingerprint,
-        model_name=lm.name,
-        model_source=lm.source,
-        progress=True,
-        console=console,
-    )
-    write_atomic(target.parent / f"dynamics-{grid.label_set}.json", json.dumps(dynamics(target), indent=1))
+#: grid kind -> the function that runs it, ``fn(grid, model, out, opts, bar, console)``. ``labels`` and ``eval``
+#: (GateSight's label / eval code) are registered by the method's side, :mod:`kvbench.methods.gatesight.paper`, which
+#: the ``kvbench paper`` command imports (the core names no method).
+STAGES: dict[str, Callable] = {"run": _run_grid, "cost": _cost_grid}
 
 
-def _eval_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
-    path = grid_paths(out, grid, model)
-    if path.exists():
-        return
-    from kvbench.artifacts import find_calibration
-    from kvbench.methods.gatesight.estimator import default_artifact_dir, load_artifact
-    from kvbench.methods.gatesight.evaluate import EvalConfig, evaluate_labels
-    from kvbench.methods.gatesight.labels import load_labels
-    from kvbench.methods.gatesight.train import TrainConfig
-
-    labels = load_labels(out / "gatesight" / _safe(model) / f"labels-{grid.label_set}")
-    est = None
-    if grid.artifact:
-        est = load_artifact(find_calibration(default_artifact_dir(labels.fingerprint)), labels.fingerprint)
-    result = evaluate_labels(
-        labels, EvalConfig(train=TrainConfig(window=grid.window)), artifact=est, progress=True, console=console
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(result.to_json(), indent=1))
-
-
-_STAGES = {"run": _run_grid, "cost": _cost_grid, "labels": _labels_grid, "eval": _eval_grid}
+def register_stage(kind: str, fn: Callable) -> None:
+    """Run grids of ``kind`` with ``fn(grid, model, out, opts, bar, console)``."""
+    STAGES[kind] = fn
 
 
 def run_plan(p: Plan, out: Path, console: Console, **opts) -> list[tuple[str, str, float]]:
@@ -172,7 +122,11 @@ def run_plan(p: Plan, out: Path, console: Console, **opts) -> list[tuple[str, st
         overall = bar.add_task("kvbench paper: stages", total=len(stages))
         for grid, model in stages:
             start = time.perf_counter()
-            _STAGES[grid.kind](grid, model, out, opts, bar, bar.console)
+            if grid.kind not in STAGES:
+                raise KvbenchError(
+                    f"no stage runs {grid.kind} grids ({grid.name}); import kvbench.methods.gatesight.paper"
+                )
+            STAGES[grid.kind](grid, model, out, opts, bar, bar.console)
             timings.append((grid.name, model, time.perf_counter() - start))
             bar.advance(overall)
     return timings
@@ -239,15 +193,3 @@ def half_life_stats(per_doc: list[list[float]], thresholds: Sequence[int] = JACC
         out[f"jaccard_median@{t}"] = _quantile(jac, 0.5)
         out[f"slow_heads@{t}"] = len(glob)
     return out
-
-
-def dynamics(labels_dir: Path) -> dict:
-    """:func:`half_life_stats` of a label directory's documents (their recorded log-decays g)."""
-    from kvbench.methods.gatesight.evaluate import half_lives
-    from kvbench.methods.gatesight.labels import load_labels
-
-    labels = load_labels(labels_dir)
-    per_doc = [half_lives(d.load()["g"].double().mean(dim=1)).flatten().tolist() for d in labels.docs]
-    stats = half_life_stats(per_doc)
-    stats["gdn_layers"] = len(labels.manifest["gdn_layer_ids"])
-    return stats
