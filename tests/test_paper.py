@@ -456,3 +456,19 @@ def test_greatest_with_optional_others():
     strict = json.loads(json.dumps(rule))
     del strict["rule"]["check"]["others_optional"]
     assert evaluate(strict, {key("a"): 0.5, key("b"): 0.1}).status == NOT_MEASURABLE
+
+
+def test_a_grid_kind_without_a_stage_is_refused(tmp_path):
+    from rich.console import Console
+
+    from kvbench.paper.stages import STAGES, run_plan
+
+    p = A.plan("tiny")
+    only_labels = A.Plan(p.scale, p.models, (), tuple(g for g in p.grids if g.kind == "labels")[:1], {})
+    saved = STAGES.pop("labels", None)
+    try:
+        with pytest.raises(KvbenchError, match="no stage runs labels grids"):
+            run_plan(only_labels, tmp_path, Console(quiet=True))
+    finally:
+        if saved is not None:
+            STAGES["labels"] = saved

@@ -124,7 +124,8 @@ def run_plan(p: Plan, out: Path, console: Console, **opts) -> list[tuple[str, st
             start = time.perf_counter()
             if grid.kind not in STAGES:
                 raise KvbenchError(
-                    f"no stage runs {grid.kind} grids ({grid.name}); import kvbench.methods.gatesight.paper"
+                    f"no stage runs {grid.kind} grids ({grid.name}); run them through `kvbench paper`, which "
+                    "registers them"
                 )
             STAGES[grid.kind](grid, model, out, opts, bar, bar.console)
             timings.append((grid.name, model, time.perf_counter() - start))
