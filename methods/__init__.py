@@ -80,7 +80,12 @@ BUILTIN_METHODS: dict[str, str] = {
 }
 
 #: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app".
-BUILTIN_COMMANDS: dict[str, str] = {"gatesight": "kvbench.methods.gatesight.cli:app"}
+#: ``paper`` is ``kvbench paper`` (the GateSight paper's tables and figures; the command is the core's
+#: :mod:`kvbench.paper`, its label / eval stages GateSight's own code).
+BUILTIN_COMMANDS: dict[str, str] = {
+    "gatesight": "kvbench.methods.gatesight.cli:app",
+    "paper": "kvbench.methods.gatesight.paper:app",
+}
 
 _BASE = "kvbench.methods.base"  # where the re-exported names live, imported on first use
 _REEXPORTED = frozenset(__all__) - {"BUILTIN_COMMANDS", "BUILTIN_METHODS", "COMMANDS", "METHODS"}

@@ -1,0 +1,474 @@
+"""``kvbench paper``: the paper's numbers against the paper's text, the artifact map, the dry run and its
+estimate worked by hand, verdicts on hand-worked cases, and the page rendered from fixture rows (every artifact
+present or its reason, every measured number labelled a tiny-model number). No model runs here."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.paper import artifacts as A
+from kvbench.paper.estimate import costs_from_rows, estimate_grid, format_dry_run, load_costs
+from kvbench.paper.numbers import check_numbers, load_numbers, spec_key
+from kvbench.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, evaluate, expand
+
+PAPER = Path(__file__).resolve().parents[2] / "shared" / "paper" / "gatesight-paper.txt"
+if not PAPER.exists():
+    PAPER = Path("/work/shared/paper/gatesight-paper.txt")
+#: every artifact the issue lists
+ISSUE_ARTIFACTS = {
+    "fig1",
+    "fig2",
+    "table1_5",
+    "fig4",
+    "figs9_12",
+    "table2_8",
+    "table3",
+    "table4",
+    "table6",
+    "table7",
+    "fig6",
+    "fig7",
+    "fig8",
+}
+
+
+# ---------------------------------------------------------------------------------------------------- numbers
+
+
+def test_numbers_schema_and_every_artifact_known():
+    n = load_numbers()
+    ids = {a.id for a in A.ARTIFACTS}
+    assert {v["artifact"] for v in n.values} <= ids and {f["artifact"] for f in n.findings} <= ids
+    assert len(n.values) > 200 and len(n.findings) >= 15
+    bad = json.loads(
+        json.dumps(
+            {
+                "paper": {},
+                "models": {"main": "x"},
+                "findings": [],
+                "values": [
+                    {
+                        "id": "a",
+                        "artifact": "t",
+                        "source": "s",
+                        "row": "r",
+                        "column": "c",
+                        "value": "1",
+                        "unit": "",
+                        "measure": {"kind": "cost", "model": "main"},
+                    }
+                ],
+            }
+        )
+    )
+    with pytest.raises(KvbenchError, match="not a number"):
+        check_numbers(bad)
+    bad["values"][0]["value"] = 1.0
+    with pytest.raises(KvbenchError, match="measure lacks"):
+        check_numbers(bad)
+
+
+def _value(n, source, row, column):
+    hits = [v["value"] for v in n.values if (v["source"], v["row"], v["column"]) == (source, row, column)]
+    assert len(hits) == 1, (source, row, column)
+    return hits[0]
+
+
+def test_spot_values_by_hand():
+    n = load_numbers()
+    assert _value(n, "Table 3", "Qwen3.8-27B, RULER, KVzip", "p = 0.1") == 29.4
+    assert _value(n, "Table 3", "Qwen3.8-Flash-Next, SCBench, GateSight", "Mean") == 48.7
+    assert _value(n, "Table 4", "RULER, PyramidKV", "p = 0.1") == 52.1
+    assert _value(n, "Table 2", "KVzip", "256K") == 100.279
+    assert _value(n, "Table 8", "GateSight", "64K") == 0.043
+    assert _value(n, "Table 5", "per-head MLP (GateSight)", "Ov@10") == 41.0
+    assert _value(n, "Table 7", "3 GDN layers (435 inputs, 1.8M parameters)", "ρ") == 0.534
+
+
+@pytest.mark.skipif(not PAPER.exists(), reason="the paper's text (shared/paper/gatesight-paper.txt) is not here")
+def test_table_rows_appear_in_the_paper_text():
+    """Each transcribed table row, its numbers printed as the paper prints them, is a run of the paper's text
+    (whitespace removed: the PDF's text run-ins them)."""
+    text = re.sub(r"\s+", "", PAPER.read_text(encoding="utf-8"))
+    n = load_numbers()
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for v in n.values:
+        if v["source"].startswith("Table"):
+            rows.setdefault((v["source"], v["row"]), []).append(v)
+    checked = 0
+    for (source, row), vals in rows.items():
+        if source == "Table 6":
+            continue  # its cells interleave ρ and Ov@10 with signs the text prints unevenly
+        digits = 3 if source in ("Table 2", "Table 8") else 1
+        parts = [
+            (f"{v['value']:+.3f}".replace("-", "−") if v["column"] == "ρ" else f"{v['value']:.{digits}f}") for v in vals
+        ]
+        assert "".join(parts) in text, (source, row, parts)
+        checked += 1
+    assert checked >= 40
+
+
+# ---------------------------------------------------------------------------------------------------- the map
+
+
+def test_constants_match_the_benches():
+    from kvbench.budgets import ALL_P
+    from kvbench.training import NO_EXTERNAL_DATA_TASKS
+
+    assert A.ALL_P == tuple(ALL_P) and A.RULER_OFFLINE == tuple(NO_EXTERNAL_DATA_TASKS)
+    assert len(A.RULER_TASKS) == 13 and len(A.SCBENCH_TASKS) == 12 and set(A.SCBENCH_GENERATED) <= set(A.SCBENCH_TASKS)
+
+
+@pytest.mark.parametrize("scale,models", [("tiny", None), ("paper", ["org/a", "org/b"])])
+def test_every_artifact_has_grids_or_a_reason(scale, models):
+    p = A.plan(scale, models)
+    assert [pa.artifact.id for pa in p.artifacts] == [a.id for a in A.ARTIFACTS]
+    assert {pa.artifact.id for pa in p.artifacts} >= ISSUE_ARTIFACTS
+    for pa in p.artifacts:
+        assert pa.grids or pa.reason, pa.artifact.id
+    assert len({g.name for g in p.grids}) == len(p.grids)  # each grid once
+
+
+def test_tiny_scale_is_offline_and_uses_the_shipped_models():
+    p = A.plan("tiny")
+    assert p.models == ("tiny-trained-dense", "tiny-trained") and not p.blocked
+    for g in p.grids:
+        if g.kind == "run" and g.bench == "ruler":
+            assert set(g.tasks) <= set(A.RULER_OFFLINE)
+        if g.kind == "run" and g.bench == "scbench":
+            assert set(g.tasks) <= set(A.SCBENCH_GENERATED)
+    assert {pa.artifact.id for pa in p.artifacts if pa.reason} == {"fig6", "fig7"}
+
+
+def test_paper_scale_grid_and_its_refusals():
+    p = A.plan("paper", ["org/a"])
+    main = next(g for g in p.grids if g.name == "main-ruler")
+    assert main.tasks == A.RULER_TASKS and main.limit == 100 and main.ps == A.ALL_P
+    assert "gatesight" in main.methods and "kvzip" in main.methods
+    assert p.blocked and all("--corpus" in r for r in p.blocked.values())  # labels need the paper's corpus
+    assert next(pa for pa in p.artifacts if pa.artifact.id == "table1_5").reason
+    assert not A.plan("paper", ["org/a"], corpus=True).blocked
+    for bad, match in ((None, "needs --model"), (["a/b", "c/d", "e/f"], "one or two")):
+        with pytest.raises(KvbenchError, match=match):
+            A.plan("paper", bad)
+    with pytest.raises(KvbenchError, match="--scale"):
+        A.plan("huge")
+    with pytest.raises(KvbenchError, match="shipped models"):
+        A.plan("tiny", ["org/a"])
+
+
+def test_shrink_caps_limits_and_documents():
+    p = A.shrink(A.plan("tiny"), limit=1, lengths=(1024,), repeats=1)
+    assert all(g.limit == 1 for g in p.grids if g.kind == "run")
+    assert all(g.docs_per_kind == 1 for g in p.grids if g.kind == "labels")
+    cost = next(g for g in p.grids if g.kind == "cost")
+    assert cost.lengths == (1024,) and cost.repeats == 1
+    assert all(g in p.grids for pa in p.artifacts for g in pa.grids)
+    with pytest.raises(KvbenchError, match="--limit"):
+        A.shrink(p, limit=0)
+
+
+# ---------------------------------------------------------------------------------------------------- estimate
+
+
+def test_run_estimate_by_hand():
+    grid = A.Grid("g", "run", tasks=("a", "b"), methods=("gatesight", "kvzip"), ps=(0.5,), limit=3, questions=2)
+    costs = {
+        "run": {
+            "m": {
+                "prefill_s": 1.0,
+                "score_s": {"gatesight": 0.5, "kvzip": 2.0, "full": 0.0},
+                "fork_s_per_child": 0.1,
+                "answer_s_per_child_question": 0.2,
+                "rest_s_per_context": 0.0,
+            }
+        }
+    }
+    est = estimate_grid(grid, "m", costs)
+    # 6 contexts; 3 children (2 methods x 1 p + full); per context 1 + 2.5 + 3 x 0.1 + 3 x 2 x 0.2 = 5.0 s
+    assert est.seconds == pytest.approx(30.0) and "6 contexts x 3 children x 2 question(s) = 36 answers" in est.counts
+    unknown = estimate_grid(grid, "other", costs)
+    assert unknown.seconds is None and "no measured cost" in unknown.why
+
+
+def test_cost_and_label_estimates_by_hand():
+    costs = {
+        "cost": {
+            "m": {"prefill_s": {"100": 1.0}, "score_s": {"kvzip": {"100": 2.0}}, "other_score_share_of_prefill": 0.5}
+        },
+        "labels": {"s_per_doc_token": 0.01},
+    }
+    cost = A.Grid("c", "cost", methods=("kvzip", "gatesight"), lengths=(100,), repeats=1)
+    assert estimate_grid(cost, "m", costs).seconds == pytest.approx(2 * (1.0 + 2.0 + 0.5))
+    assert estimate_grid(A.Grid("c", "cost", methods=("kvzip",), lengths=(200,)), "m", costs).seconds is None
+    labels = A.Grid("l", "labels", docs_per_kind=2, max_doc_tokens=50)
+    assert estimate_grid(labels, "m", costs).seconds == pytest.approx(6 * 50 * 0.01)
+
+
+def test_costs_from_rows_means_per_context():
+    import pandas as pd
+
+    rows = [
+        {
+            "model": "m",
+            "bench": "b",
+            "task": "t",
+            "item": str(i),
+            "method": meth,
+            "allocation": "flat",
+            "p": p,
+            "question": "q",
+            "score": 1.0,
+            "prefill_s": 1.0 + i,
+            "score_s": s,
+            "fork_s": 0.1,
+            "answer_s": 0.3,
+        }
+        for i in range(2)
+        for meth, s in (("gatesight", 0.2), ("full", 0.0))
+        for p in (0.5, 0.1)
+    ]
+    slow = [{**r, "bench": "b2", "answer_s": 0.9} for r in rows]
+    c = costs_from_rows(pd.DataFrame(rows + slow))["run"]["m"]
+    assert c["prefill_s"] == pytest.approx(1.5) and c["score_s"]["gatesight"] == pytest.approx(0.2)
+    assert c["answer_s_per_child_question"] == pytest.approx(0.6) and c["fork_s_per_child"] == pytest.approx(0.1)
+    assert c["benches"]["b2"]["answer_s_per_child_question"] == pytest.approx(0.9)
+    # a bench's own costs serve its grids: 1 context, 2 children (gatesight at 0.5 + full), 1 question
+    grid = A.Grid("g", "run", bench="b2", tasks=("t",), methods=("gatesight",), ps=(0.5,), limit=1)
+    assert estimate_grid(grid, "m", {"run": {"m": c}}).seconds == pytest.approx(1.5 + 0.2 + 0.0 + 2 * 0.1 + 2 * 0.9)
+
+
+def test_dry_run_lists_every_artifact_and_a_total():
+    lines = format_dry_run(A.plan("tiny"), load_costs())
+    text = "\n".join(lines)
+    for art in A.ARTIFACTS:
+        assert f"{art.title}: {art.caption}" in text
+    assert "not reproduced at this scale" in text
+    assert re.search(r"^estimated \d+ min", lines[-1])
+    paper = "\n".join(format_dry_run(A.plan("paper", ["org/a", "org/b"]), load_costs()))
+    assert "1300 contexts x 46 children" in paper and "time unknown" in paper
+    assert "no estimate" in paper.splitlines()[-1]
+
+
+def test_dry_run_cli_is_offline_and_loads_no_torch(tmp_path):
+    code = (
+        "import sys\nfrom kvbench.paper.cli import paper\nimport kvbench.paper.artifacts, kvbench.paper.estimate"
+        "\nimport kvbench.paper.verdicts, kvbench.paper.numbers\nassert 'torch' not in sys.modules, 'torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "paper",
+            "--scale",
+            "paper",
+            "--model",
+            "Qwen/Qwen3.8-27B,Qwen/Qwen3.8-Flash-Next",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Table 3: Every method against KVzip" in out.stdout and "Qwen/Qwen3.8-27B: 1300 contexts" in out.stdout
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+
+
+def _acc(method, p, model="main", **kw):
+    return spec_key({"kind": "accuracy", "grid": "main-ruler", "method": method, "p": p, "model": model, **kw})
+
+
+LEAD = {
+    "id": "x",
+    "artifact": "table3",
+    "source": "s",
+    "text": "t",
+    "rule": {
+        "type": "all",
+        "for": {"model": ["main", "second"]},
+        "check": {
+            "op": "greater",
+            "left": {"kind": "accuracy", "grid": "main-ruler", "method": "gatesight", "p": 0.1},
+            "right": {"kind": "accuracy", "grid": "main-ruler", "method": "kvzip", "p": 0.1},
+        },
+    },
+}
+
+
+def test_verdict_held_failed_and_unmeasured():
+    both = {
+        _acc("gatesight", 0.1): 40.0,
+        _acc("kvzip", 0.1): 30.0,
+        _acc("gatesight", 0.1, "second"): 20.0,
+        _acc("kvzip", 0.1, "second"): 10.0,
+    }
+    v = evaluate(LEAD, both, {"main": "tiny-a", "second": "tiny-b"})
+    assert v.status == HELD and len(v.deciding) == 2 and "tiny-a" in v.deciding[0] and "= 40.0" in v.deciding[0]
+    one_fails = {**both, _acc("kvzip", 0.1, "second"): 25.0}
+    v = evaluate(LEAD, one_fails)
+    assert v.status == NOT_HELD and len(v.deciding) == 1 and "kvzip" in v.deciding[0] and "25.0" in v.deciding[0]
+    tie = {**both, _acc("kvzip", 0.1): 40.0}  # greater is strict
+    assert evaluate(LEAD, tie).status == NOT_HELD
+    half = {k: v for k, v in both.items() if '"second"' not in k}
+    v = evaluate(LEAD, half)
+    assert v.status == HELD and v.note == "1 of 2 cases not measured"
+    v = evaluate(LEAD, {})
+    assert v.status == NOT_MEASURABLE and "not measured" in v.note and not v.deciding
+
+
+def test_count_rule_thresholds():
+    rule = {**LEAD, "rule": {**LEAD["rule"], "type": "count", "min": 2, "for": {"model": ["main", "second", "third"]}}}
+    m = {_acc("gatesight", 0.1, r): 50.0 for r in ("main", "second", "third")}
+    m.update({_acc("kvzip", 0.1, "main"): 10.0, _acc("kvzip", 0.1, "second"): 60.0})
+    assert evaluate(rule, m).status == NOT_MEASURABLE  # 1 held, 1 failed, 1 unknown: could still reach 2
+    m[_acc("kvzip", 0.1, "third")] = 70.0
+    v = evaluate(rule, m)
+    assert v.status == NOT_HELD and v.deciding[0].startswith("1 of 3 measured cases hold")
+    m[_acc("kvzip", 0.1, "third")] = 0.0
+    assert evaluate(rule, m).status == HELD
+
+
+def test_chain_ratio_between_and_star_axis():
+    chain = {
+        "id": "c",
+        "artifact": "table4",
+        "source": "s",
+        "text": "t",
+        "rule": {
+            "type": "all",
+            "for": {"model": ["main"], "p": [0.1]},
+            "check": {
+                "op": "chain_at_least",
+                "chain": [
+                    {"kind": "accuracy", "grid": "main-ruler", "method": "gatesight", "p": "{p}", "allocation": a}
+                    for a in ("gate", "flat", "pyramid")
+                ],
+            },
+        },
+    }
+    m = {
+        _acc("gatesight", 0.1, allocation="gate"): 50.0,
+        _acc("gatesight", 0.1, allocation="flat"): 50.0,
+        _acc("gatesight", 0.1, allocation="pyramid"): 49.0,
+    }
+    assert evaluate(chain, m).status == HELD
+    m[_acc("gatesight", 0.1, allocation="pyramid")] = 51.0
+    assert evaluate(chain, m).status == NOT_HELD
+    ratio = {
+        "id": "r",
+        "artifact": "fig2",
+        "source": "s",
+        "text": "t",
+        "rule": {
+            "type": "all",
+            "for": {"model": ["main"]},
+            "check": {
+                "op": "ratio_above",
+                "factor": 2.0,
+                "left": {"kind": "dynamics", "metric": "a"},
+                "right": {"kind": "dynamics", "metric": "b"},
+            },
+        },
+    }
+    key = lambda metric: spec_key({"kind": "dynamics", "metric": metric, "model": "main"})  # noqa: E731
+    assert evaluate(ratio, {key("a"): 0.23, key("b"): 0.10}).status == HELD
+    assert evaluate(ratio, {key("a"): 0.19, key("b"): 0.10}).status == NOT_HELD
+    assert evaluate(ratio, {key("a"): 0.19, key("b"): -0.1}).status == NOT_MEASURABLE  # no positive base
+    between = {
+        **ratio,
+        "rule": {
+            "type": "all",
+            "for": {"model": ["main"]},
+            "check": {"op": "between", "low": 1.5, "high": 2.2, "left": {"kind": "dynamics", "metric": "a"}},
+        },
+    }
+    assert evaluate(between, {key("a"): 1.66}).status == HELD
+    assert evaluate(between, {key("a"): 2.3}).status == NOT_HELD
+    star = {"for": {"layer": "*"}}
+    layers = {spec_key({"kind": "predictor", "layer": i}): 1.0 for i in (2, 0, 1)}
+    assert expand(star, layers) == [{"layer": 0}, {"layer": 1}, {"layer": 2}]
+
+
+def test_every_paper_finding_is_measurable_from_its_own_numbers():
+    """The paper's own numbers, fed as if measured, decide every finding they cover, and as the paper says."""
+    n = load_numbers()
+    own = {spec_key(v["measure"]): v["value"] for v in n.values}
+    decided = {f["id"]: evaluate(f, own).status for f in n.findings}
+    for fid in (
+        "gs-leads-kvzip-p01",
+        "gate-flat-pyramid-order",
+        "mlp-beats-ridge-tail",
+        "learned-beat-untrained",
+        "slow-heads-double-write",
+        "signals-positive",
+        "window-3-loses",
+        "gs-cheaper-than-kvzip",
+        "gs-most-accurate-p01",
+        "estimator-holds-longer",
+        "head-order-stable",
+        "slow-set-stable",
+    ):
+        assert decided[fid] != NOT_HELD, fid
+    assert decided["gs-leads-kvzip-p01"] == HELD and decided["gate-flat-pyramid-order"] == HELD
+    assert decided["window-3-loses"] == HELD and decided["mlp-beats-ridge-tail"] == HELD
+
+
+def test_slow_head_rows_count_only_where_there_are_slow_heads():
+    from kvbench.paper.measure import predictor_values
+
+    pred = {"layer_mean": {"rho": 0.2, "ov@10": 0.3}, "per_layer": [{"rho": 0.2, "ov@10": 0.3}]}
+    result = {"predictors": {"slow-head β‖v‖": pred, "age (older first)": pred},
+              "config": {"slow_heads": [[False, False], [False, False]]}}  # fmt: skip
+    got = predictor_values(result, "main", "short", 6)
+    key = lambda name, **kw: spec_key({"kind": "predictor", "model": "main", "set": "short", "window": 6,  # noqa: E731
+                                       "predictor": name, **kw})  # fmt: skip
+    assert key("slow-head β‖v‖", metric="rho") not in got
+    assert got[key("age (older first)", metric="ov@10")] == pytest.approx(30.0)  # overlap in %
+    assert got[key("age (older first)", metric="rho", layer=0)] == pytest.approx(0.2)
+    result["config"]["slow_heads"][1][0] = True
+    assert predictor_values(result, "main", "short", 6)[key("slow-head β‖v‖", metric="rho")] == pytest.approx(0.2)
+
+
+def test_greatest_with_optional_others():
+    rule = {"id": "g", "artifact": "table1_5", "source": "s", "text": "t",
+            "rule": {"type": "all", "for": {"model": ["main"]},
+                     "check": {"op": "greatest", "others_optional": True, "left": {"kind": "dynamics", "metric": "a"},
+                               "others": [{"kind": "dynamics", "metric": m} for m in ("b", "c")]}}}  # fmt: skip
+    key = lambda metric: spec_key({"kind": "dynamics", "metric": metric, "model": "main"})  # noqa: E731
+    v = evaluate(rule, {key("a"): 0.5, key("b"): 0.1})
+    assert v.status == HELD and v.cases[0].missing == ["c, main"]
+    assert evaluate(rule, {key("a"): 0.5, key("b"): 0.6}).status == NOT_HELD
+    assert evaluate(rule, {key("a"): 0.5}).status == NOT_MEASURABLE
+    strict = json.loads(json.dumps(rule))
+    del strict["rule"]["check"]["others_optional"]
+    assert evaluate(strict, {key("a"): 0.5, key("b"): 0.1}).status == NOT_MEASURABLE
+
+
+def test_a_grid_kind_without_a_stage_is_refused(tmp_path):
+    from rich.console import Console
+
+    from kvbench.paper.stages import STAGES, run_plan
+
+    p = A.plan("tiny")
+    only_labels = A.Plan(p.scale, p.models, (), tuple(g for g in p.grids if g.kind == "labels")[:1], {})
+    saved = STAGES.pop("labels", None)
+    try:
+        with pytest.raises(KvbenchError, match="no stage runs labels grids"):
+            run_plan(only_labels, tmp_path, Console(quiet=True))
+    finally:
+        if saved is not None:
+            STAGES["labels"] = saved
