@@ -102,3 +102,18 @@ def test_kv_row_extends_the_generator_and_asks_what_it_is_told():
         kv_row(7, 0, 4)
     with pytest.raises(KvbenchError, match="within 0..5"):
         kv_row(7, 0, 6, ask=[6])
+
+
+def test_echo_rows_repeat_the_pairs_own_text_before_the_supervised_value():
+    tok = tokenizer()
+    ids, mask, refs = T.kv_curriculum_row("scbench_kv8_echo", 10003, 1024, tok)
+    assert len(ids) <= 1024 and refs
+    text = tok.decode(ids)
+    pairs = _pairs(text)
+    keys = {v: k for k, v in pairs.items()}
+    supervised = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert supervised == "".join(f"{v}<|im_end|>" for v in refs)
+    for value in refs:  # each answer: the question, then '"KEY": "' (unsupervised), then the value
+        assert f'Key: "{keys[value]}"' in text
+        assert f'<|im_start|>assistant\n"{keys[value]}": "{value}<|im_end|>' in text
+        assert f'"{keys[value]}": "{value}"' in text  # the same text in the context

@@ -64,7 +64,12 @@ DENSE_TASKS = (*RECALL_DRAWS, "chains", "repeat")  # rows built here, not RULER 
 SCBENCH_TASKS = ("scbench_kv", "scbench_mf", "scbench_prefix_suffix", "scbench_vt")
 #: The key-matching curriculum's kv rows (see :func:`kv_curriculum_row`): task -> (fewest, most) key-value
 #: pairs in the context. The full 4,096-token context (about 51 pairs) is ``scbench_kv``.
-KV_CURRICULUM: dict[str, tuple[int, int]] = {"scbench_kv8": (4, 8), "scbench_kv16": (9, 16), "scbench_kv32": (17, 32)}
+KV_CURRICULUM: dict[str, tuple[int, int]] = {
+    "scbench_kv8": (4, 8),
+    "scbench_kv16": (9, 16),
+    "scbench_kv32": (17, 32),
+    "scbench_kv8_echo": (4, 8),  # the answer first repeats the pair's own text up to its value (see kv_curriculum_row)
+}
 #: Every task a mix may name.
 KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo", *SCBENCH_TASKS, *KV_CURRICULUM)
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
@@ -275,10 +280,15 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
     generator's wording, each asking a distinct key drawn anywhere in the context and followed by its
     supervised value and ``<|im_end|>``. At most ``pairs - 1`` keys are asked, so no answer can be had by
     elimination. Sized to ``length`` tokens: questions are dropped from the end, then pairs, down to one
-    question over the task's fewest pairs; None when even that does not fit."""
+    question over the task's fewest pairs; None when even that does not fit.
+
+    ``*_echo`` tasks (a stepping stone, as "echo" rows were for RULER's needles): each answer first repeats
+    the asked pair's own context text up to its value, ``"KEY": "`` (unsupervised), then the value, so a
+    copying (induction) head that finds those tokens in the context can answer; the question is unchanged."""
     from kvbench.tasks.scbench_generate import TURNS, kv_row
 
     lo, hi = KV_CURRICULUM[task]
+    echo = task.endswith("_echo")
     rng = random.Random(f"kvbench-kv-curriculum:{ex_seed}")
     order = list(range(hi))
     rng.shuffle(order)
@@ -286,9 +296,26 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
         ask = [j for j in order if j < pairs][: min(TURNS, max(1, pairs - 1))]
         for n in range(len(ask), 0, -1):
             row = kv_row(ex_seed, 0, pairs, ask[:n])
-            if _scbench_size("kv", row, tokenizer) <= length:
+            if echo:
+                parts = _kv_echo_parts("kv", row, tokenizer)
+                if len(parts[0]) <= length:
+                    return parts
+            elif _scbench_size("kv", row, tokenizer) <= length:
                 return _scbench_parts("kv", row, tokenizer)
     return None
+
+
+def _kv_echo_parts(name: str, row: dict, tokenizer) -> RowParts:
+    """:func:`_scbench_parts` of a kv row with each answer preceded by ``"KEY": "`` (loss mask 0)."""
+    rendered, answers, ctx = _scbench_pieces(name, row, tokenizer)
+    ids = list(rendered.context_ids)
+    mask = [0] * len(ids)
+    for turn, question, answer in zip(row["multi_turns"], rendered.question_ids, answers, strict=True):
+        key = turn["input"].split('"')[1]
+        echo = encode(tokenizer, f'"{key}": "')
+        ids += question + echo + answer
+        mask += [0] * (len(question) + len(echo)) + [1] * len(answer)
+    return ids, mask, tuple(scbench_answer(name, q.references) for q in ctx.questions)
 
 
 # --------------------------------------------------------------------------------------------------
