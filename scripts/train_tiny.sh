@@ -12,8 +12,11 @@
 # prefix_suffix, vt; several questions per context, each a target), keeping RULER's tasks in the mix. By
 # default they start from the SHIPPED weights (kvbench/builtin/<name>, bf16) and stages 1-7 are not run;
 # FROM_SCRATCH=1 runs stages 1-7 first and starts stage 8 from the last of them instead. Shipped weights already
-# trained past 1,024 tokens (the export of stage 9: both models since issue 31) are refused without FROM_SCRATCH=1.
-# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
+# trained past 1,024 tokens (the export of stage 9: both models since issue 31) skip stages 8-9.
+# Stages 10a-10d (both ARCHs, issue 44): SCBench kv key matching, from few pairs in short rows to the full
+# 4,096-token context, from the shipped weights (or stage 9's final/); each later one gated by
+# scripts/probe_kv.py on the one before (exit 3 when not learned); export and calibration after 10d.
+# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${ARCH:-qwen3_next}
@@ -27,6 +30,7 @@ kvbench() { .venv/bin/kvbench "$@"; }
 train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@"; }  # THREADS=1 on a busy machine
 STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
+STAGES+=(stage10a stage10b stage10c stage10d)
 # stage NAME ARGS...: train stage NAME into $OUT/NAME, unless a later stage has finished (its final/ is then
 # all the run needs from NAME); a finished NAME itself is returned by train-tiny without training.
 stage() {
@@ -40,6 +44,16 @@ stage() {
     if [ "$s" = "$name" ]; then later=1; fi
   done
   train --out "$OUT/$name" "$@"
+}
+# gate DONE NEXT PAIRS: stage NEXT starts only once stage DONE has learned key matching at PAIRS pairs
+# (scripts/probe_kv.py on SCBench kv rows of the evaluation seed; it exits 3 naming what it measured);
+# no probe when NEXT has already finished.
+PROBE=${PROBE:-.venv/bin/python scripts/probe_kv.py}
+gate() {
+  [ -f "$OUT/$2/final/training_args.json" ] && return 0
+  $PROBE "$OUT/$1/final" --pairs "$3" --rows 4 --require-top1 "${GATE_TOP1:-0.8}" ${THREADS:+--threads "$THREADS"} \
+    --json "$OUT/$1/probe-$3.json" || { echo "$2 not started: $1 has not learned key matching at $3 pairs" \
+    "($OUT/$1/probe-$3.json); train $1 longer (more --steps) first" >&2; exit 3; }
 }
 if [ "${FROM_SCRATCH:-0}" = 1 ]; then
   # Stage 1: tokenizer, then 3,850 steps from scratch, curriculum 128 -> 256 -> 512 -> 1,024 (the defaults).
@@ -95,21 +109,42 @@ if [ "${FROM_SCRATCH:-0}" = 1 ]; then
 else
   INIT8="kvbench/builtin/$NAME"  # the shipped weights (the export of stage 6 / 7 before issue 31)
   shipped_len=$(grep -o '"context_length": *[0-9]*' "$INIT8/kvbench_builtin.json" | grep -o '[0-9]*$' || echo 0)
-  if [ "${shipped_len:-0}" -gt 1024 ]; then  # already the export of stage 9: stages 8-9 on it would train them twice
-    echo "$INIT8 is already trained to $shipped_len tokens (the export of stage 9; its training_args.json lists" \
-      "every stage): FROM_SCRATCH=1 reproduces it from scratch" >&2
-    exit 2
-  fi
+  # already the export of stage 9 (both models since issue 31): stages 8-9 on it would train them twice, so
+  # the run starts at stage 10 from the shipped weights
+  if [ "${shipped_len:-0}" -gt 1024 ]; then SKIP89=1; fi
 fi
-# Stages 8-9: to 4,096 tokens, with SCBench's generated tasks (each row: a context and its five answered
-# questions) beside RULER's tasks and the lookup / chains rows. Stage 8 at 2,048 tokens, stage 9 at 4,096
-# (export after it: the model's default --length becomes 4,096, the longest row it was trained on).
-MIX89=scbench_kv=0.16,scbench_mf=0.07,scbench_prefix_suffix=0.1,scbench_vt=0.08,niah_single_1=0.05,niah_multikey_2=0.12,niah_multikey_3=0.08,vt=0.1,fwe=0.08,lookup=0.1,chains=0.04,repeat=0.02
-stage stage8 --init "$INIT8" --seed 20 --steps 200 --lr 1e-3 \
-  --curriculum 2048@0 --save-every 25 --mix "$MIX89" --eval-limit 0
-# Stage 9 takes 4 rows a step (8 rows of 4,096 tokens would be about 4x a 2,048-token step's time and memory:
-# stage 8 measured 9.6 GB resident with 8 x 2,048).
-stage stage9 --init "$OUT/stage8/final" --seed 21 --steps 250 --batch-size 4 --lr 7e-4 \
-  --curriculum 4096@0 --save-every 25 --mix "$MIX89" \
+INIT10="kvbench/builtin/$NAME"
+if [ "${SKIP89:-0}" != 1 ]; then
+  # Stages 8-9: to 4,096 tokens, with SCBench's generated tasks (each row: a context and its five answered
+  # questions) beside RULER's tasks and the lookup / chains rows. Stage 8 at 2,048 tokens, stage 9 at 4,096
+  # (export after it: the model's default --length becomes 4,096, the longest row it was trained on).
+  MIX89=scbench_kv=0.16,scbench_mf=0.07,scbench_prefix_suffix=0.1,scbench_vt=0.08,niah_single_1=0.05,niah_multikey_2=0.12,niah_multikey_3=0.08,vt=0.1,fwe=0.08,lookup=0.1,chains=0.04,repeat=0.02
+  stage stage8 --init "$INIT8" --seed 20 --steps 200 --lr 1e-3 \
+    --curriculum 2048@0 --save-every 25 --mix "$MIX89" --eval-limit 0
+  # Stage 9 takes 4 rows a step (8 rows of 4,096 tokens would be about 4x a 2,048-token step's time and memory:
+  # stage 8 measured 9.6 GB resident with 8 x 2,048).
+  stage stage9 --init "$OUT/stage8/final" --seed 21 --steps 250 --batch-size 4 --lr 7e-4 \
+    --curriculum 4096@0 --save-every 25 --mix "$MIX89" \
+    --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"
+  INIT10="$OUT/stage9/final"
+fi
+# Stages 10a-10d (issue 44): SCBench kv key matching, a curriculum in pair counts. After stage 9 both models
+# copy *a* UUID of the context but not the one whose key is asked (kv 2 of 100). Rows are SCBench kv contexts in
+# the evaluation's format with few pairs (scbench_kv8: 4-8 pairs, at most pairs - 1 distinct keys asked, so no
+# answer by elimination), then 9-16, 17-32 and the full 4,096-token context (scbench_kv, about 51 pairs); each
+# stage starts only once the probe finds the previous one answers the right value at its pair count (gate).
+# Half of every mix keeps RULER's tasks, the lookup / echo / chains rows and the other SCBench tasks.
+KEEP10=lookup=0.08,echo=0.05,niah_single_1=0.05,niah_multikey_2=0.08,niah_multikey_3=0.04,vt=0.04,fwe=0.04,chains=0.03,scbench_mf=0.03,scbench_prefix_suffix=0.03,scbench_vt=0.03
+stage stage10a --init "$INIT10" --seed 30 --steps 600 --lr 1e-3 \
+  --curriculum 1024@0 --save-every 20 --mix "scbench_kv8=0.5,$KEEP10" --eval-limit 0
+gate stage10a stage10b 8
+stage stage10b --init "$OUT/stage10a/final" --seed 31 --steps 400 --lr 1e-3 \
+  --curriculum 1536@0 --save-every 20 --mix "scbench_kv16=0.4,scbench_kv8=0.1,$KEEP10" --eval-limit 0
+gate stage10b stage10c 16
+stage stage10c --init "$OUT/stage10b/final" --seed 32 --steps 300 --batch-size 4 --lr 7e-4 \
+  --curriculum 3072@0 --save-every 20 --mix "scbench_kv32=0.4,scbench_kv16=0.1,$KEEP10" --eval-limit 0
+gate stage10c stage10d 32
+stage stage10d --init "$OUT/stage10c/final" --seed 33 --steps 300 --batch-size 4 --lr 5e-4 \
+  --curriculum 4096@0 --save-every 20 --mix "scbench_kv=0.4,scbench_kv32=0.1,$KEEP10" \
   --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"
 bash scripts/calibrate_tiny.sh "$NAME"

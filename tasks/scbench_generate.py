@@ -91,6 +91,7 @@ __all__ = [
     "generate_row",
     "generate_rows",
     "hub_schema",
+    "kv_row",
     "mf_answer",
     "write_hub_layout",
 ]
@@ -193,6 +194,26 @@ class _Kv(_Gen):
         spots = _spread(self._fracs, size)
         turns = [{"answer": pairs[spots[j]][1], "input": KV_INPUT.format(key=pairs[spots[j]][0])} for j in self._order]
         return {"id": self.index, "context": "JSON data:\n" + json.dumps(dict(pairs)), "multi_turns": turns}
+
+
+def kv_row(seed: int, index: int, pairs: int, ask: list[int] | None = None) -> dict:
+    """Row ``index`` of ``kv`` with exactly ``pairs`` key-value pairs, in the hub schema: the same pairs,
+    context and question wording as :func:`generate_row` gives for (``seed``, ``index``) when its sizing
+    lands on ``pairs`` (a larger row extends a smaller one). ``ask``: the pair positions (0-based, in context
+    order) the turns ask, in that order; None asks the generator's own (one per fifth; then ``pairs >=
+    TURNS``). Used for training rows with few pairs and by ``scripts/probe_kv.py``."""
+    _check("kv", seed)
+    least = _Kv.n_min if ask is None else 1
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < least:
+        raise KvbenchError(f"scbench/kv: {pairs!r} pairs; give at least {least} (one per question without ask)")
+    row = _Kv("kv", seed, index).build(pairs)
+    if ask is None:
+        return row
+    if not ask or any(not 0 <= j < pairs for j in ask):
+        raise KvbenchError(f"scbench/kv: ask positions {ask!r} must be a non-empty list within 0..{pairs - 1}")
+    items = list(json.loads(row["context"].removeprefix("JSON data:\n")).items())
+    turns = [{"answer": items[j][1], "input": KV_INPUT.format(key=items[j][0])} for j in ask]
+    return {**row, "multi_turns": turns}
 
 
 def mf_answer(values: list[int], kind: str) -> int:

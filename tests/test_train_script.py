@@ -42,10 +42,14 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
     (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
+TEN = ["stage10a", "stage10b", "stage10c", "stage10d"]
+
+
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
     calls = repo / "calls.txt"
     calls.unlink(missing_ok=True)
-    env = dict(os.environ, ARCH=arch, CALLS=str(calls), FROM_SCRATCH="1" if from_scratch else "0")
+    # the key-matching gate's probe stands in as "learned" (see test_a_stage_10_waits_for_the_probe)
+    env = dict(os.environ, ARCH=arch, CALLS=str(calls), FROM_SCRATCH="1" if from_scratch else "0", PROBE="true")
     subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
     return calls.read_text().splitlines()
 
@@ -60,12 +64,12 @@ def _stages(calls: list[str]) -> list[str]:
         (
             "qwen3_next",
             "tiny-trained",
-            ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6", "stage8", "stage9"],
+            ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6", "stage8", "stage9", *TEN],
         ),
         (
             "qwen3_5",
             "tiny-trained-dense",
-            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9"],
+            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", *TEN],
         ),
     ],
 )
@@ -95,7 +99,7 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
     with it, stage 8 starts from the last earlier stage's final/."""
     repo = _layout(tmp_path)
     calls = _run(repo, arch, from_scratch=False)
-    assert _stages(calls) == ["stage8", "stage9"] and calls[-1] == f"calibrate {name}"
+    assert _stages(calls) == ["stage8", "stage9", *TEN] and calls[-1] == f"calibrate {name}"
     assert f"--init kvbench/builtin/{name} " in calls[0]
     assert f"--init models/{name}/stage8/final " in calls[1] and f"--export kvbench/builtin/{name}" in calls[1]
     shutil.rmtree(repo / "models")
@@ -104,12 +108,28 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
     assert f"--init models/{name}/{last}/final " in stage8
 
 
-def test_stages_8_and_9_refuse_weights_already_trained_to_4096(tmp_path):
-    """The shipped model already exported after stage 9 (context_length 4,096): running stages 8-9 on it again
-    would train them twice, so the script stops, naming FROM_SCRATCH=1, and trains nothing."""
+def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
+    """The shipped model already exported after stage 9 (context_length 4,096): stages 8-9 are not trained
+    again; the key-matching stages 10a-10d start from the shipped weights."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
-    env = dict(os.environ, ARCH="qwen3_next", CALLS=str(repo / "calls.txt"), FROM_SCRATCH="0")
+    calls = _run(repo, "qwen3_next", from_scratch=False)
+    assert _stages(calls) == TEN and "--init kvbench/builtin/tiny-trained " in calls[0]
+    assert "--mix scbench_kv8=0.5," in calls[0] and "--init models/tiny-trained/stage10a/final " in calls[1]
+    assert "--export kvbench/builtin/tiny-trained" in calls[3] and calls[-1] == "calibrate tiny-trained"
+
+
+def test_a_stage_10_waits_for_the_probe(tmp_path):
+    """Stage 10b starts only once the probe says stage 10a matches keys at 8 pairs; a probe that says no
+    stops the script (exit 3, naming what to do) with 10a trained and 10b not."""
+    repo = _layout(tmp_path)
+    _ship(repo, "tiny-trained", 4096)
+    probe = repo / "probe.sh"
+    probe.write_text('echo "probe $*" >> "$CALLS"; exit 3\n')
+    calls = repo / "calls.txt"
+    env = dict(os.environ, ARCH="qwen3_next", CALLS=str(calls), FROM_SCRATCH="0", PROBE=f"bash {probe}")
     done = subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, capture_output=True, text=True)
-    assert done.returncode == 2 and "FROM_SCRATCH=1 reproduces it from scratch" in done.stderr
-    assert not (repo / "calls.txt").exists()
+    assert done.returncode == 3 and "stage10a has not learned key matching at 8 pairs" in done.stderr
+    lines = calls.read_text().splitlines()
+    assert _stages(lines) == ["stage10a"]
+    assert lines[-1].startswith("probe models/tiny-trained/stage10a/final --pairs 8 ")

@@ -500,3 +500,29 @@ def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(tas
         at += len(answer)
     assert not any(mask[at:]) and at <= 1536
     assert ex.references == tuple(T.scbench_answer(name, q.references) for q in ctx.questions)
+
+
+def test_trimming_trailing_padding_leaves_loss_and_gradients_unchanged(one_thread):
+    from kvbench.training.loop import trim_padding
+
+    tok = tokenizer()
+    cfg = T.tiny_trained_config(len(tok), **SMALL)
+    torch.manual_seed(0)
+    from kvbench.training.model import build_model, set_special_ids
+
+    set_special_ids(cfg, tok)
+    model = build_model(cfg)
+    ids, mask, _ = T.make_batch(tok, seed=5, step=0, batch_size=3, length=256)
+    ids[:, 200:] = tok.pad_token_id  # at least 56 pad columns to cut
+    mask[:, 200:] = 0
+    short_ids, short_mask = trim_padding(ids, mask, tok.pad_token_id)
+    assert short_ids.shape[1] <= 200 and (short_ids != tok.pad_token_id).any(0)[-1]
+    grads = []
+    for a, m in ((ids, mask), (short_ids, short_mask)):
+        model.zero_grad()
+        loss, row_ce = T.batch_loss(model, a, m, tok.pad_token_id, 0.02, False)
+        loss.backward()
+        grads.append((float(loss), row_ce, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-6, equal_nan=True)
+    assert all(torch.allclose(g, h, atol=1e-6) for g, h in zip(grads[0][2], grads[1][2], strict=True))

@@ -148,6 +148,16 @@ def task_losses(tasks: list[str], row_ce: torch.Tensor) -> dict[str, float]:
     return {t: round(sum(v) / len(v), 4) for t, v in sorted(out.items())}
 
 
+def trim_padding(input_ids: torch.Tensor, loss_mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch (``[B, T]`` each) cut after its last column holding a real token of any row. Exact for
+    :func:`batch_loss`: rows are right-padded, padding has loss weight 0 and the model is causal, so the loss
+    and its gradients are unchanged; a step on short rows does less work (measured in
+    ``benchmarks/train_step.py``)."""
+    real = (input_ids != pad_id).any(0).nonzero()
+    keep = int(real.max()) + 1 if real.numel() else input_ids.shape[1]
+    return input_ids[:, :keep], loss_mask[:, :keep]
+
+
 def lr_at(step: int, args: TrainArgs) -> float:
     """Learning rate of ``step``: linear warm-up to ``args.lr``, then cosine down to a tenth of it."""
     warm = args.warmup or max(1, args.steps // 20)
@@ -331,12 +341,14 @@ def _train_step(run: _Run, args: TrainArgs, step: int) -> _Step:
     lr_now = lr_at(step, args)
     for group in run.optimizer.param_groups:
         group["lr"] = lr_now
+    tokens = ids.numel()  # the log's tok/s counts the batch as drawn, padding included
+    ids, mask = trim_padding(ids, mask, run.tokenizer.pad_token_id)
     loss, row_ce = batch_loss(run.model, ids, mask, run.tokenizer.pad_token_id, args.lm_weight, args.autocast)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
     run.optimizer.step()
-    return _Step(loss.item(), lr_now, length, float(gnorm), task_losses(tasks, row_ce), ids.numel())
+    return _Step(loss.item(), lr_now, length, float(gnorm), task_losses(tasks, row_ce), tokens)
 
 
 def _log_entry(step: int, result: _Step, tok_s: float) -> dict:
