@@ -709,11 +709,13 @@ class LazyCommands(TyperGroup):
     def make_context(self, info_name, args, parent=None, **extra):  # the loaded group parses and runs
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
-    def list_commands(self, ctx) -> list[str]:
-        return self.load().list_commands(ctx)
+    def list_commands(self, ctx) -> list[str]:  # a registered app of one command has no sub-commands
+        loaded = self.load()
+        return loaded.list_commands(ctx) if hasattr(loaded, "list_commands") else []
 
     def get_command(self, ctx, cmd_name: str):
-        return self.load().get_command(ctx, cmd_name)
+        loaded = self.load()
+        return loaded.get_command(ctx, cmd_name) if hasattr(loaded, "get_command") else None
 
 
 def command_group() -> click.Command:

@@ -14,6 +14,7 @@ import pytest
 from kvbench import cli
 from kvbench.distributed import RayOptions
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
+from kvbench.paper.artifacts import Grid, plan
 from kvbench.runner import ANSWER_CONTEXTS
 from kvbench.training.data import DEFAULT_CURRICULUM
 from kvbench.training.loop import DEFAULT_STEPS
@@ -37,12 +38,18 @@ STATED: dict[tuple[str, str], str] = {
     ("scbench generate", "--length"): f"else {DEFAULT_LENGTH}.",
     ("train-tiny", "--steps"): f"(default: {DEFAULT_STEPS:,}, the shipped run)",
     ("train-tiny", "--curriculum"): f"(default: {CURRICULUM})",
+    ("paper", "--repeats"): f"(default {Grid.__dataclass_fields__['repeats'].default})",
+    ("paper", "--lengths"): "(default: {} tiny; {}K to {}K paper)".format(
+        ",".join(map(str, next(g.lengths for g in plan("tiny").grids if g.kind == "cost"))),
+        *(f(next(g.lengths for g in plan("paper", models=["m"]).grids if g.kind == "cost")) // 1024 for f in (min, max)),
+    ),
 }
 #: Options whose prose default is a rule, not a value (nothing in it to compare with a constant).
 RULES = {
     ("run", "--task"), ("run", "--allocation"), ("run", "--dtype"), ("run", "--answer-batch"),
     ("report", "--out"), ("report", "--reference"), ("report", "--compare"), ("report", "--cost"),
     ("calibrate", "--out"), ("train-tiny", "--mix"), ("gatesight label", "--dtype"), ("gatesight train", "--out"),
+    ("paper", "--dtype"),
 }
 TAG = re.compile(r"\[default: ([^\]]*)\]")
 PROSE_DEFAULT = re.compile(r"(?<!non-)\bdefault\b", re.IGNORECASE)
