@@ -23,7 +23,6 @@ from typing import Optional
 import click
 import typer
 import typer.main
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 

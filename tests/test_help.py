@@ -23,6 +23,10 @@ from tests.test_cli import kvbench
 TINY_LENGTH = json.loads((BUILTIN_DIR / "tiny-trained" / "kvbench_builtin.json").read_text())["context_length"]
 CURRICULUM = ",".join(f"{length}@{start:g}" for start, length in DEFAULT_CURRICULUM)
 
+PAPER_COST_LENGTHS = {
+    scale: next(g.lengths for g in plan(scale, models=["m"] if scale == "paper" else None).grids if g.kind == "cost")
+    for scale in ("tiny", "paper")
+}
 #: (command, option) -> what its help must say about the default, computed from the code.
 STATED: dict[tuple[str, str], str] = {
     ("run", "--model"): f"(default: {DEFAULT_MODEL})",
@@ -40,8 +44,9 @@ STATED: dict[tuple[str, str], str] = {
     ("train-tiny", "--curriculum"): f"(default: {CURRICULUM})",
     ("paper", "--repeats"): f"(default {Grid.__dataclass_fields__['repeats'].default})",
     ("paper", "--lengths"): "(default: {} tiny; {}K to {}K paper)".format(
-        ",".join(map(str, next(g.lengths for g in plan("tiny").grids if g.kind == "cost"))),
-        *(f(next(g.lengths for g in plan("paper", models=["m"]).grids if g.kind == "cost")) // 1024 for f in (min, max)),
+        ",".join(map(str, PAPER_COST_LENGTHS["tiny"])),
+        min(PAPER_COST_LENGTHS["paper"]) // 1024,
+        max(PAPER_COST_LENGTHS["paper"]) // 1024,
     ),
 }
 #: Options whose prose default is a rule, not a value (nothing in it to compare with a constant).
