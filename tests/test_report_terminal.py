@@ -103,7 +103,7 @@ def test_headline_missing_data_is_said_once():
     lines = missing_lines(headline_rows(), missing)
     assert len(lines) == 2  # one reason for the eight hub tasks, one fix
     assert lines[0].startswith("- **scbench/") and f"({len(missing)} tasks)** missing: needs SCBench's hub" in lines[0]
-    assert lines[1].startswith("- to run them: put the hub dataset under DIR/scbench")
+    assert lines[1].startswith("- to run them: ") and "kvbench data fetch scbench --data-dir DIR" in lines[1]
     assert sum("--data-dir" in line for line in lines) == 1
 
 
