@@ -242,8 +242,7 @@ class _PageReader:
                 eng._write_kv(0, key, -key, slots)  # keys land as +(i+1), values as -(i+1), the rest stays 0
                 seen.append(cache.index_select(0, rows).reshape(-1).float().cpu())
         finally:
-            eng._zero([block])
-            eng._give([block])
+            eng._give([block])  # every block taken is zeroed first (_take), so the patterns left here do no harm
         lo, hi, head, dim = seen
         where = []
         for sign in (1, -1):
@@ -257,18 +256,18 @@ class _PageReader:
             where.append(pos.view(H, block_tokens, D).to(cache.device))
         return where[0], where[1]
 
-    def read(self, f: int, block_ids: Sequence[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``f``'s first ``n`` keys and values of the sequence whose block table is ``block_ids``, each
-        ``[H_kv, n, D]`` in the cache dtype."""
+    def read(self, f: int, block_ids: Sequence[int], n: int, parts: str = "kv") -> list[torch.Tensor]:
+        """Layer ``f``'s first ``n`` keys (``"k"`` in ``parts``) and / or values (``"v"``) of the sequence whose
+        block table is ``block_ids``, in that order, each ``[H_kv, n, D]`` in the cache dtype."""
         eng = self.engine
         cache = eng.attn_modules[f].attn.kv_cache
         rows = torch.tensor(eng.paging.rows(block_ids), device=cache.device)
         flat = cache.index_select(0, rows).reshape(len(block_ids), -1)  # [blocks, one block's elements]
         out = []
-        for where in (self.where_k, self.where_v):
+        for where in [{"k": self.where_k, "v": self.where_v}[part] for part in parts]:
             x = flat[:, where]  # [blocks, H_kv, block, D]
             out.append(x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[3])[:, :n])
-        return out[0], out[1]
+        return out
 
 
 #: The capture in progress, read by every hook. Module-level because vLLM's GDN kernel is wrapped once per
@@ -488,7 +487,7 @@ class VllmEngine(EngineBase):
 
     def _pages_for(self, tokens: int) -> int:
         """Head pages that hold ``tokens`` entries of one KV head."""
-        return math.ceil(tokens / self.paging.kernel_block)
+        return self.head_paging.blocks_for(tokens)
 
     def _gdn_state(self, f: int) -> tuple[torch.Tensor, torch.Tensor]:
         conv, ssm = self.gdn_modules[f].kv_cache[:2]
@@ -688,7 +687,8 @@ class VllmEngine(EngineBase):
         return self._fingerprint
 
     def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+        """Pool blocks that hold ``tokens`` entries of one sequence in one attention layer."""
+        return self.paging.blocks_for(tokens)
 
     @torch.no_grad()
     def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> VllmParent:
@@ -813,11 +813,11 @@ class VllmParent(ParentSession):
     def keys(self, f: int) -> torch.Tensor:
         """``[H_kv, n, D]`` in the cache dtype: read back from the parent's pages, exactly what the prefill wrote."""
         self._check_live()
-        return self.engine.page_reader.read(f, self._block_ids(f), self.n)[0]
+        return self.engine.page_reader.read(f, self._block_ids(f), self.n, "k")[0]
 
     def values(self, f: int) -> torch.Tensor:
         self._check_live()
-        return self.engine.page_reader.read(f, self._block_ids(f), self.n)[1]
+        return self.engine.page_reader.read(f, self._block_ids(f), self.n, "v")[0]
 
     def queries(self, f: int, positions: Sequence[int]) -> torch.Tensor:
         self._check_live()
