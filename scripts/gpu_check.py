@@ -237,12 +237,10 @@ def _tiny_vllm_checkpoint(family: str, root: Path) -> tuple[str, object]:
     MoE Qwen3-Next routes every token to all experts), saved under ``root``; returns its path and tokenizer."""
     import torch
 
-    from kvbench.models import build_random, load_model, tiny_qwen3_5_config, tiny_qwen3_next_config
+    from kvbench.models import build_random, load_model, tiny_vllm_config
 
     tokenizer = load_model("tiny-trained", dtype="bfloat16").tokenizer
-    make = {"qwen3_next": lambda v, **kw: tiny_qwen3_next_config(v, moe=True, num_experts_per_tok=4, **kw),
-            "qwen3_5": tiny_qwen3_5_config}[family]  # fmt: skip
-    config = make(len(tokenizer), linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2)
+    config = tiny_vllm_config(family, len(tokenizer))
     config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     path = root / f"vllm-{family}"
     build_random(config, seed=0).to(torch.bfloat16).save_pretrained(path)

@@ -22,7 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from kvbench import budgets  # noqa: E402
 from kvbench.errors import KvbenchError, ProtocolError  # noqa: E402
-from kvbench.models import build_random, load_model, tiny_qwen3_5_config, tiny_qwen3_next_config  # noqa: E402
+from kvbench.models import build_random, load_model, tiny_vllm_config  # noqa: E402
 
 N_CTX = 300  # not a multiple of the attention block size (128)
 Q_IDS = [17, 23, 5, 99, 42, 7, 31]
@@ -41,10 +41,7 @@ def _ids(n: int, seed: int = 0) -> list[int]:
 #: and the flips cascade through its 12 layers (measured: 0.4% at layer 0, up to 200% by layer 5 between the
 #: question fed after the context and the same tokens in vLLM's one-shot prefill; 0.3 in a top-5 log-probability,
 #: beside 0.2 for either path against float32 transformers with all experts routed).
-FAMILIES = {
-    "qwen3_next": lambda vocab, **kw: tiny_qwen3_next_config(vocab, moe=True, num_experts_per_tok=4, **kw),
-    "qwen3_5": lambda vocab, **kw: tiny_qwen3_5_config(vocab, **kw),
-}
+FAMILIES = ("qwen3_5", "qwen3_next")  # configs: kvbench.models.tiny_vllm_config
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -52,9 +49,7 @@ def engine(request, tmp_path_factory):
     from kvbench.engines.vllm_engine import VllmEngine
 
     tokenizer = load_model("tiny-trained", dtype="bfloat16").tokenizer
-    config = FAMILIES[request.param](
-        len(tokenizer), linear_key_head_dim=64, linear_value_head_dim=64, linear_num_value_heads=2
-    )
+    config = tiny_vllm_config(request.param, len(tokenizer))
     config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model = build_random(config, seed=0).to(torch.bfloat16)
     path = tmp_path_factory.mktemp("vllm-tiny")
