@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -24,3 +25,8 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path | str, obj: object, **dump_kwargs: object) -> None:
+    """Replace ``path`` by ``obj`` serialised with ``json.dumps(obj, **dump_kwargs)`` (UTF-8), atomically."""
+    write_atomic(path, json.dumps(obj, **dump_kwargs))
