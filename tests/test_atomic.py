@@ -37,3 +37,18 @@ def test_failure_mid_write_keeps_old_file_and_no_temp(tmp_path, monkeypatch):
         atomic.write_atomic(path, "new")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_write_with_callback_and_failure(tmp_path):
+    path = tmp_path / "w.bin"
+    atomic.write_with(path, lambda tmp: tmp.write_bytes(b"new"))
+    assert path.read_bytes() == b"new"
+
+    def half_then_fail(tmp):
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer died")
+
+    with pytest.raises(RuntimeError, match="writer died"):
+        atomic.write_with(path, half_then_fail)
+    assert path.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["w.bin"]
