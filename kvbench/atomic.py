@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -23,4 +25,27 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path | str, obj: object, **dump_kwargs: object) -> None:
+    """Replace ``path`` by ``obj`` serialised with ``json.dumps(obj, **dump_kwargs)`` (UTF-8), atomically."""
+    write_atomic(path, json.dumps(obj, **dump_kwargs))
+
+
+def write_with(path: Path | str, writer: Callable[[Path], None]) -> None:
+    """Replace ``path`` by what ``writer(tmp)`` writes to a same-directory temporary path (for writers that
+    take a path, such as safetensors ``save_file`` or ``torch.save``). On error the temporary file is removed
+    and the exception propagates (``path`` is untouched)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        writer(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

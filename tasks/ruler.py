@@ -74,6 +74,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from kvbench.atomic import write_json
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.tasks import Bench, Context, PromptLength, Question, register_bench
 from kvbench.tasks.ruler_data import TASKS
@@ -288,18 +289,10 @@ class _Cache:
         return items
 
     def store(self, items: list[Context]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"key": self.key, "contexts": [_to_json(c) for c in items]}, f)
-            os.replace(tmp, self.path)
+            write_json(self.path, {"key": self.key, "contexts": [_to_json(c) for c in items]})
         except OSError as exc:
             warnings.warn(f"kvbench: could not write the RULER cache {self.path}: {exc}", stacklevel=2)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from kvbench.atomic import write_atomic
 from kvbench.errors import KvbenchError
 from kvbench.prompt import prompt_length, prompt_text
 from kvbench.tasks import Context
@@ -70,14 +70,5 @@ def write_ruler_jsonl(
             generate("ruler", task, length=length, limit=limit, seed=seed, prompt_length=measure, sampling=sampling)
         )
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=True) + "\n")
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(out, "".join(json.dumps(row, ensure_ascii=True) + "\n" for row in rows))
     return len(rows)

@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvbench.atomic import write_atomic
 from kvbench.errors import KvbenchError, MissingDataError
 from kvbench.scorers.scbench import choice_references, scorer_names
 from kvbench.scorers.scbench_repoqa import LANGUAGES, repoqa_references
@@ -436,15 +437,10 @@ class _RowCache:
         return rows if all(isinstance(r, dict) and measure(r) <= length for r in rows) else []
 
     def store(self, rows: list[dict]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         except OSError as exc:
             warnings.warn(f"kvbench: could not write the SCBench cache {self.path}: {exc}", stacklevel=2)
-            tmp.unlink(missing_ok=True)
 
 
 @register_bench

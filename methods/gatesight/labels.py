@@ -18,7 +18,6 @@ exists are skipped; a directory labelled for another model or recipe is refused.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.atomic import write_with
 from kvbench.corpus import Document, read_corpus
 from kvbench.errors import KvbenchError
 
@@ -77,10 +77,7 @@ def _write_doc(path: Path, doc: Document, label: DocumentLabel, n_doc_tokens: in
         "checks": label.checks,
         "seed": seed,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"kvbench": json.dumps(meta, sort_keys=True)})
-    os.replace(tmp, path)
+    write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata={"kvbench": json.dumps(meta, sort_keys=True)}))
 
 
 def _check_manifest(root: Path, manifest: dict) -> None:
