@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from rich.console import Console
@@ -117,8 +117,14 @@ def planned_methods(config: RunConfig) -> list[str]:
     return list(config.methods)
 
 
-#: One entry of a run's plan (:func:`validate`): a method, its allocations and its kept fractions.
-PlanEntry = tuple[EvictionMethod, list[str], list[float]]
+class PlanEntry(NamedTuple):
+    """One entry of a run's plan (:func:`validate`); still unpacks as ``(method, allocations, ps)``."""
+
+    method: EvictionMethod
+    #: Budget allocation names to score, in order.
+    allocations: list[str]
+    #: Kept fractions of the context (0 < p <= 1), in order.
+    ps: list[float]
 
 
 def validate(config: RunConfig) -> list[PlanEntry]:
@@ -195,7 +201,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
                 f"method {name} does not support allocation {bad}; it supports {', '.join(cls.allocations)}"
             )
         plan.append((method, allocs, ps))
-    return plan
+    return [PlanEntry(*entry) for entry in plan]
 
 
 #: What keeps a task from running: its data is absent, or --length cannot hold its smallest context.
