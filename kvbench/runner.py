@@ -186,7 +186,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
     plan = []
     for name in planned_methods(config):
         cls = method_class(name)
-        engines = getattr(cls, "engines", None)  # a method that runs on some engines only names them
+        engines = cls.engines  # the engines a method runs on (None: every engine), declared on the class
         if engines is not None and config.engine not in engines:
             only = " / ".join(engines)
             raise KvbenchError(f"method {name} runs on the {only} engine only; drop it or use --engine {engines[0]}")

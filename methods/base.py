@@ -53,6 +53,8 @@ class EvictionMethod(ABC):
         class attribute of that name is the default.
       commands: the name under which the method's CLI sub-commands are registered in
         :data:`kvbench.methods.COMMANDS` (``kvbench <commands> …``); None for a method without any.
+      engines: the engine names (``--engine``) the method runs on; None: every engine. The runner checks it
+        before any model loads.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +67,7 @@ class EvictionMethod(ABC):
     query_aware: ClassVar[bool] = False
     options: ClassVar[dict[str, str]] = {}
     commands: ClassVar[str | None] = None
+    engines: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -191,10 +191,11 @@ class ChildSession(Session):
         """Free the child's storage; the parent can fork again."""
 
 
-class EngineBase:
+class EngineBase(ABC):
     """What every engine shares: the tokenizer, the registry of live sessions and input checks.
 
-    Subclasses set ``tokenizer``, ``max_context`` and ``_sessions`` (``{}``) in ``__init__``."""
+    Subclasses set ``tokenizer``, ``max_context`` and ``_sessions`` (``{}``) in ``__init__`` and implement
+    :meth:`prefill`, the one entry the runner calls to start a context."""
 
     tokenizer: object
     max_context: int
@@ -203,6 +204,13 @@ class EngineBase:
     batches_children: bool = False
     #: why not, in a few words (``kvbench run --answer-batch N`` with N > 1 names it in its error)
     batches_children_why: str = "this engine has no batched decode"
+
+    @abstractmethod
+    def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> ParentSession:
+        """Prefill ``token_ids`` (``n`` context token ids) once into an unpruned parent session.
+
+        prot: leading tokens every fork keeps; query_window: trailing context positions whose post-RoPE
+        queries the parent keeps (``parent.queries``)."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Answer text: the tokenizer's decoding without special tokens (ids joined by spaces without one)."""
