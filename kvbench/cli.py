@@ -333,13 +333,15 @@ def report(
             f"run `kvbench run --out {dirs[0]}` first"
         )
     print_report(console, render_rich(df))  # a table wider than the console is printed whole, never squeezed
-    options = Options(reference=reference, compare=compare, n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
+    defaults = ("gatesight", "kvzip")  # the CI reference and comparison method when the rows have them
+    options = Options(reference=reference, compare=compare, default_reference=defaults[0], default_compare=defaults[1],
+                      n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
                       gpu_label=gpu_memory, serve_length=serve_length, cost=cost_data)  # fmt: skip
     built = build(df, missing, notes, load_manifests(dirs), options)
     # the terminal's notes: only what the user can act on, each naming its flag (report.md keeps build's notes)
     avg = T.averaged(T.task_scores(usable(df)))
     ref, cmp, _ = choose_methods(avg, options)
-    for note in [reference_note(df), *choice_notes(avg, ref, cmp, reference, compare)]:
+    for note in [reference_note(df), *choice_notes(avg, ref, cmp, reference, compare, defaults=defaults)]:
         if note:
             err_console.print(f"note: {note}", style="yellow", markup=False, soft_wrap=True)
     try:

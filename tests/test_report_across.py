@@ -12,7 +12,7 @@ import pytest
 from kvbench.report import data as D
 from kvbench.report import render as R
 from kvbench.report import tables as T
-from tests.test_report_views import row
+from tests.test_report_views import DEFAULTS, row
 
 
 def tau_by_definition(x, y) -> float:
@@ -100,7 +100,7 @@ def test_two_weights_of_one_name_are_told_apart():
 
 def test_report_has_the_across_models_section(tmp_path):
     df = D.frame(_two_models())
-    report = R.build(df, {}, [], [], R.Options(n_resamples=50, figures=False))
+    report = R.build(df, {}, [], [], R.Options(**DEFAULTS, n_resamples=50, figures=False))
     across = [s for s in report.sections if s.title.startswith("Across models")]
     assert len(across) == 1 and across[0].title == "Across models — torch · b · length 1024 · seed 42"
     table, agreement = across[0].blocks
@@ -151,7 +151,7 @@ def test_across_figure_draws_each_model_over_the_common_tasks():
 
 
 def test_report_draws_the_across_models_figure(tmp_path):
-    report = R.build(D.frame(_two_models()), {}, [], [], R.Options(n_resamples=20))
+    report = R.build(D.frame(_two_models()), {}, [], [], R.Options(**DEFAULTS, n_resamples=20))
     (sec,) = [s for s in report.sections if s.title.startswith("Across models")]
     fig = sec.blocks[0]
     assert isinstance(fig, R.Figure) and fig.name == "models-torch-b-1024-42" and fig.png[:4] == b"\x89PNG"

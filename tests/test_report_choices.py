@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvbench.report import data as D
 from kvbench.report import render as R
 from kvbench.report import tables as T
-from tests.test_report_views import row
+from tests.test_report_views import DEFAULTS, row
 
 
 def rows_of(scores: dict[str, float], items: int = 4, **kw) -> list[dict]:
@@ -25,8 +25,8 @@ def blocks(report: R.Report, kind: str) -> list[R.Table]:
 
 def test_defaults_present_are_used_without_a_note():
     rows = rows_of({"gatesight": 60, "kvzip": 70, "snapkv": 50})
-    assert R.choose_methods(avg_of(rows), R.Options()) == ("gatesight", "kvzip", [])
-    report = R.build(D.frame(rows), {}, [], [], R.Options(n_resamples=100, figures=False))
+    assert R.choose_methods(avg_of(rows), R.Options(**DEFAULTS)) == ("gatesight", "kvzip", [])
+    report = R.build(D.frame(rows), {}, [], [], R.Options(**DEFAULTS, n_resamples=100, figures=False))
     assert report.notes == [] and all("Notes" not in line for line in report.header)
     (ci,) = blocks(report, "ci")
     assert ci.title.startswith("Difference to gatesight [flat] with 95 % CI")
@@ -39,32 +39,32 @@ def test_without_the_defaults_the_report_states_its_choices():
     """No gatesight: the best mean over the pruned kept fractions is the CI reference; no kvzip: the
     comparison is against that reference; both choices are in the notes (and report.md)."""
     rows = rows_of({"snapkv": 50, "keydiff": 65, "random": 20}) + [row("full", "t", i, 0, 1.0, 90) for i in range(4)]
-    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options())
+    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options(**DEFAULTS))
     assert (ref, cmp) == ("keydiff", "keydiff")
     assert notes == [
         "CI reference: keydiff, the best mean over the pruned kept fractions (the rows have no gatesight; "
         "--reference METHOD names another)",
         "comparison: keydiff, the CI reference (the rows have no kvzip; --compare METHOD names another)",
     ]
-    report = R.build(D.frame(rows), {}, [], [], R.Options(n_resamples=100, figures=False))
+    report = R.build(D.frame(rows), {}, [], [], R.Options(**DEFAULTS, n_resamples=100, figures=False))
     assert report.notes == notes and report.header[-2:] == notes
     assert blocks(report, "ci") and blocks(report, "comparison")[0].title.startswith("Every method against KeyDiff")
 
 
 def test_given_methods_win_and_an_absent_one_is_said():
     rows = rows_of({"gatesight": 60, "kvzip": 70, "snapkv": 50})
-    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options(reference="snapkv", compare="nowhere"))
+    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options(**DEFAULTS, reference="snapkv", compare="nowhere"))
     assert (ref, cmp) == ("snapkv", "nowhere")
     assert notes == ['comparison nowhere (--compare nowhere) has no rows here: no "Every method against" tables']
-    report = R.build(D.frame(rows), {}, [], [], R.Options(reference="snapkv", compare="nowhere", figures=False,
-                                                         n_resamples=100))  # fmt: skip
+    opt = R.Options(**DEFAULTS, reference="snapkv", compare="nowhere", figures=False, n_resamples=100)
+    report = R.build(D.frame(rows), {}, [], [], opt)
     assert not blocks(report, "comparison") and report.notes == notes
     assert blocks(report, "ci")[0].title.startswith("Difference to snapkv [flat]")
 
 
 def test_no_ranked_method_at_all_is_said():
     rows = [row("full", "t", i, 0, 1.0, 90) for i in range(3)]
-    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options())
+    ref, cmp, notes = R.choose_methods(avg_of(rows), R.Options(**DEFAULTS))
     assert (ref, cmp) == (None, None) and len(notes) == 2
     assert notes[0].startswith("CI reference: none, the rows have no gatesight")
 
@@ -73,7 +73,7 @@ def test_a_setting_without_the_chosen_method_is_named():
     """Two settings (seeds); gatesight and kvzip ran in one only: the other's missing views are in the notes."""
     rows = rows_of({"gatesight": 60, "kvzip": 70, "snapkv": 50})
     rows += [{**r, "seed": 7} for r in rows_of({"snapkv": 40, "random": 10})]
-    report = R.build(D.frame(rows), {}, [], [], R.Options(n_resamples=100, figures=False))
+    report = R.build(D.frame(rows), {}, [], [], R.Options(**DEFAULTS, n_resamples=100, figures=False))
     assert len(blocks(report, "ci")) == 1 and len(blocks(report, "comparison")) == 1
     other = next(sec.title for sec in report.sections if "seed 7" in sec.title)
     assert report.notes == [

@@ -17,6 +17,9 @@ from kvbench.report import render as R
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING
 
+#: the CI reference and comparison methods `kvbench report` passes as its defaults
+DEFAULTS = {"default_reference": "gatesight", "default_compare": "kvzip"}
+
 BASE = {
     "model": "m",
     "engine": "torch",
@@ -173,7 +176,7 @@ def test_ablation_takes_the_recorded_default_and_never_a_stand_in():
     ).set_index("allocation")
     assert (older.default == "").all() and older.delta.isna().all()  # not "flat" because it sorts first
     report = R.build(D.frame([{k: v for k, v in r.items() if k != "default_allocation"} for r in rows]), {}, [], [],
-                     R.Options(n_resamples=20, figures=False))  # fmt: skip
+                     R.Options(**DEFAULTS, n_resamples=20, figures=False))  # fmt: skip
     table = next(b for sec in report.sections for b in sec.blocks if getattr(b, "kind", "") == "ablation")
     assert "No difference for theirs" in table.note and "(+" not in " ".join(table.shown.astype(str).sum())
 

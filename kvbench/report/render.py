@@ -44,6 +44,10 @@ class Options:
 
     reference: str | None = None
     compare: str | None = None
+    #: the methods used when the rows have them and no ``reference`` / ``compare`` is given (``kvbench report``
+    #: passes its defaults); None: the stand-ins of :func:`choose_methods`
+    default_reference: str | None = None
+    default_compare: str | None = None
     n_resamples: int = 10_000
     seed: int = 0
     gpu_bytes: int = 141 * 10**9
@@ -308,7 +312,7 @@ def _draw_all(jobs: list[tuple]) -> list[tuple[bytes, bytes]]:
 def _choose(
     present: set[str],
     given: str | None,
-    default: str,
+    default: str | None,
     fallback: tuple[str | None, str],
     role: str,
     option: str,
@@ -331,15 +335,15 @@ def _choose(
 
 def choose_methods(avg: pd.DataFrame, opt: Options) -> tuple[str | None, str | None, list[str]]:
     """The CI reference and the comparison method of the report, and the notes that state any other choice
-    than a default the rows have. Defaults: :data:`tables.REFERENCE` when the rows have it, else the ranked
-    method of the best mean over the pruned kept fractions (:func:`tables.best_method`); :data:`tables.COMPARE`
+    than a default the rows have. Defaults: ``opt.default_reference`` when the rows have it, else the ranked
+    method of the best mean over the pruned kept fractions (:func:`tables.best_method`); ``opt.default_compare``
     when the rows have it, else the CI reference. ``avg``: :func:`tables.averaged` of the usable rows."""
     present = set(avg.method.astype(str)) if len(avg) else set()
     best = (T.best_method(avg) if len(avg) else None, "the best mean over the pruned kept fractions")
-    ref, notes = _choose(present, opt.reference, T.REFERENCE, best, "CI reference", "--reference",
+    ref, notes = _choose(present, opt.reference, opt.default_reference, best, "CI reference", "--reference",
                          "no confidence intervals")  # fmt: skip
     stand_in = (ref if ref in present else None, "the CI reference")
-    cmp, more = _choose(present, opt.compare, T.COMPARE, stand_in, "comparison", "--compare",
+    cmp, more = _choose(present, opt.compare, opt.default_compare, stand_in, "comparison", "--compare",
                         'no "Every method against" tables')  # fmt: skip
     return ref, cmp, notes + more
 

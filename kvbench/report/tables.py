@@ -53,10 +53,6 @@ __all__ = [
 ]
 
 FULL = "full"
-#: the default CI reference and comparison methods, each used when the rows have it (the report states its choice
-#: otherwise: ``kvbench report --reference / --compare``)
-REFERENCE = "gatesight"
-COMPARE = "kvzip"
 _OBS = {"observed": True, "sort": True}
 
 
@@ -285,7 +281,7 @@ def resample_weights(n_contexts: int, n_resamples: int, seed: Sequence[int]) -> 
 
 
 def paired_bootstrap(
-    df: pd.DataFrame, reference: str = REFERENCE, n_resamples: int = 10_000, seed: int = 0, level: float = 0.95
+    df: pd.DataFrame, reference: str, n_resamples: int = 10_000, seed: int = 0, level: float = 0.95
 ) -> pd.DataFrame:
     """Paired bootstrap of each ranked label's task score minus the reference method's, per (SETTING, task, p).
 

@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvbench.report.data import SETTING, bench_label, frame, setting_title, usable
-from kvbench.report.tables import COMPARE, FULL, REFERENCE, across_groups, model_names, ranked_labels, task_scores
+from kvbench.report.tables import FULL, across_groups, model_names, ranked_labels, task_scores
 from kvbench.results import ENDED_EARLY
 
 __all__ = ["RANDOM_WARNING", "Heading", "as_frame", "choice_notes", "missing_lines", "print_report", "reference_note",
@@ -415,13 +415,16 @@ def choice_notes(
     compare: str | None,
     given_reference: str | None = None,
     given_compare: str | None = None,
+    *,
+    defaults: tuple[str | None, str | None] = (None, None),
 ) -> list[str]:
     """What the terminal says about the report's confidence intervals and "Every method against" tables, only
     where the user can act, each line naming the flag that acts: a ``--reference`` / ``--compare`` method given
-    without rows; a stand-in for gatesight / kvzip chosen among several methods; a run whose settings have one
+    without rows; a stand-in for a default method chosen among several methods; a run whose settings have one
     method each (besides ``full`` and query-aware ceilings), which compares nothing. ``avg``:
     :func:`kvbench.report.tables.averaged` of the usable rows; ``reference``, ``compare``: the methods the report
-    chose (``kvbench.report.render.choose_methods``); ``given_*``: the options as the user gave them."""
+    chose (``kvbench.report.render.choose_methods``); ``given_*``: the options as the user gave them;
+    ``defaults``: the reference and comparison methods ``kvbench report`` defaults to."""
     if avg.empty:
         return []
     ranked = avg[avg.label.isin(ranked_labels(avg))]
@@ -429,8 +432,8 @@ def choice_notes(
     several = bool(len(ranked)) and bool((ranked.groupby(SETTING, observed=True).method.nunique() >= 2).any())
     present = set(avg.method.astype(str))
     notes = []
-    views = [("confidence intervals", "--reference", given_reference, reference, REFERENCE),
-             ('the "Every method against" tables', "--compare", given_compare, compare, COMPARE)]  # fmt: skip
+    views = [("confidence intervals", "--reference", given_reference, reference, defaults[0]),
+             ('the "Every method against" tables', "--compare", given_compare, compare, defaults[1])]  # fmt: skip
     for what, flag, given, chosen, default in views:
         if given is not None and given not in present:
             notes.append(f"{flag} {given}: no {given} rows, so no {what}; name one of {', '.join(methods) or '(none)'}")

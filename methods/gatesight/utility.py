@@ -271,9 +271,11 @@ def label_document(
                 delta = delta_r_closed_form(a, o, v, w_heads[f], n)  # [H_kv, T, n]
                 utility[f] = torch.maximum(utility[f], utility_from_delta(delta))
                 if config.check:
+                    tensors = {"q": q, "k": k, "v": v, "a": a, "o": o, "delta": delta, "w_heads": w_heads[f]}
                     _run_checks(
-                        checks, f, mod, q, k, v, a, o, delta, w_heads[f], n, prot, capture, config, output_tol, gen
-                    )
+                        checks, f, mod, **tensors, n=n, prot=prot, capture=capture, config=config,
+                        output_tol=output_tol, gen=gen,
+                    )  # fmt: skip
         finally:
             parent.release()
     return DocumentLabel(
@@ -289,7 +291,31 @@ def label_document(
     )
 
 
-def _run_checks(checks, f, mod, q, k, v, a, o, delta, w_heads, n, prot, capture, config, output_tol, gen) -> None:
+def _run_checks(
+    checks: dict,
+    f: int,
+    mod: torch.nn.Module,
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    o: torch.Tensor,
+    delta: torch.Tensor,
+    w_heads: torch.Tensor,
+    n: int,
+    prot: int,
+    capture: _OutputCapture,
+    config: LabelConfig,
+    output_tol: float,
+    gen: torch.Generator,
+) -> None:
+    """Check attention layer ``f``'s labels (closed form vs brute force, output reconstruction, coverage).
+
+    ``a`` is the attention ``[H_kv, G, T, N]``, ``delta`` the Δr ``[H_kv, T, n]`` of the ``n`` context positions,
+    ``prot`` the protected prefix length (positions); the tensors after ``mod`` are keyword-only. Updates
+    ``checks`` in place and raises :class:`LabelCheckError` on a failed check.
+    """
     H_kv, G, T, N = a.shape
     # (1) closed form against brute-force deletion (float64), on the scale of the max-normalised label
     entries = _check_entries(delta, prot, n, config.check_entries, gen)
