@@ -56,7 +56,7 @@ def _root(
     """Query-agnostic KV-cache eviction benchmark for hybrid LLMs."""
     # main() reads --debug itself (it must know it when an error reaches it); here, before any command runs
     # (never for `kvbench --help`, which stays torch-free), the filter of transformers' kernel warnings
-    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+    from kvbench.kernel_warnings import quiet_kernel_warnings
 
     quiet_kernel_warnings()
 
@@ -156,7 +156,7 @@ def run(
     ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
-    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+    from kvbench.kernel_warnings import quiet_kernel_warnings
 
     quiet_kernel_warnings().verbose = verbose
     if ray is None and (workers is not None or gpus_per_worker is not None):
