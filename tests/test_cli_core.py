@@ -1,4 +1,4 @@
-"""The command line names no method: method sub-commands mount lazily from ``kvbench.methods.COMMANDS`` (``kvbench
+"""The command line names no method: method sub-commands mount lazily from ``kvbench.commands.COMMANDS`` (``kvbench
 --help`` imports no torch), ``kvbench calibrate`` takes any method with a calibration step, ``--debug`` re-raises
 user errors with their traceback, and ``kvbench report`` writes outside the (read-only) results directory."""
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import typer
 
+from kvbench.commands import COMMANDS
 from kvbench.errors import KvbenchError
-from kvbench.methods import COMMANDS, EvictionMethod, register_method
+from kvbench.methods import EvictionMethod, register_method
 from tests.test_cli import LENGTH, MODEL, kvbench
 
 PROBE = """

@@ -1,4 +1,4 @@
-"""GateSight's stages of ``kvbench paper`` and the command itself (registered in :data:`kvbench.methods.COMMANDS` as
+"""GateSight's stages of ``kvbench paper`` and the command itself (registered in :data:`kvbench.commands.COMMANDS` as
 ``paper``): label grids run :func:`~kvbench.methods.gatesight.labels.label_corpus` on a generated corpus (seeded
 apart from the shipped calibration corpus) or ``--corpus``, then write Figure 1's half-life statistics; eval grids
 run :func:`~kvbench.methods.gatesight.evaluate.evaluate_labels` (leave-one-corpus-out, or the trained estimator).
