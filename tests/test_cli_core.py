@@ -191,3 +191,27 @@ def test_report_of_a_read_only_results_directory(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.replace("\n", " ")  # on the terminal only what the user can act on, with its flag
     assert "comparison: random, the CI reference" not in err and "no gatesight" not in err
     assert "note: for confidence intervals add a method: --method random,snapkv" in err
+
+
+def test_a_missing_training_distribution_names_its_pip_command(monkeypatch, capsys):
+    """Without kvbench-training installed (no ``train-tiny`` entry point: an empty registry stands in for it),
+    ``kvbench train-tiny`` is one error line naming the pip command, exit 2, not click's "No such command"."""
+    from kvbench import commands
+    from kvbench.registry import Registry
+
+    monkeypatch.setattr(commands, "COMMANDS", Registry("command", "kvbench.test-no-commands", {}))
+    assert kvbench("train-tiny", "--steps", "1") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install -e training/" in err and "No such command" not in err, err
+    assert kvbench("no-such-command") == 2  # any other unknown name stays click's usage error
+    assert "No such command" in capsys.readouterr().err
+
+
+def test_train_tiny_comes_from_the_training_distribution():
+    """``train-tiny`` is no core command: the kvbench-training distribution's entry point registers it."""
+    import typer
+
+    from kvbench import cli
+
+    assert "train-tiny" not in typer.main.get_command(cli.app).commands
+    assert "entry point kvbench_training.cli:app (dist kvbench-training" in COMMANDS.source("train-tiny")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import training as T
+import kvbench_training as T
 from kvbench.tasks.scbench_cli import scbench_generate
-from kvbench.training import data as D
+from kvbench_training import data as D
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Scripts that run evaluations a user gets by default (model cards, README figure, calibration).
