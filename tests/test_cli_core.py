@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,30 @@ def test_train_tiny_comes_from_the_training_distribution():
 
     assert "train-tiny" not in typer.main.get_command(cli.app).commands
     assert "entry point kvbench_training.cli:app (dist kvbench-training" in COMMANDS.source("train-tiny")
+
+
+def _doc_blocks(section: str) -> dict[str, str]:
+    """The fenced code blocks of ``## {section}`` in docs/extending.md: language -> text."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```(\w+)\n(.*?)```", body, re.S))
+
+
+def test_the_commands_example_of_docs_extending_runs(tmp_path):
+    """docs/extending.md's Commands example, installed as a distribution: listed by ``kvbench --help`` with its
+    description (the app not imported), and ``kvbench mybench prepare`` runs."""
+    from tests.test_registry import _run_cli, write_dist
+
+    blocks = _doc_blocks("Commands")
+    project = tomllib.loads(blocks["toml"])
+    points = project["project"]["entry-points"]
+    modules = {"mypkg/__init__.py": "", "mypkg/cli.py": blocks["python"]}
+    site = write_dist(tmp_path / "site", project["project"]["name"], points, modules)
+    metadata = site / "mypkg-0.1.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text() + f"Summary: {project['project']['description']}\n")
+    listed = _run_cli(["--help"], site)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"mybench\s+MyBench: prepare and check its items\.", listed.stdout), listed.stdout
+    done = _run_cli(["mybench", "prepare", "--n", "5"], site)
+    assert done.returncode == 0 and "prepared 5 items" in done.stdout, done.stdout + done.stderr
+    assert "check" in _run_cli(["mybench", "--help"], site).stdout
