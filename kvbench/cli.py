@@ -73,7 +73,7 @@ def _root(
 ) -> None:
     """Query-agnostic KV-cache eviction benchmark for hybrid LLMs."""
     # main() reads --debug itself (it must know it when an error reaches it); here, before any command runs
-    # (never for `kvbench --help`, which stays torch-free), the filter of transformers' kernel warnings
+    # (`kvbench CMD --help` too: the filter imports neither torch nor transformers), the kernel warning filter
     from kvbench.kernel_warnings import quiet_kernel_warnings
 
     quiet_kernel_warnings()
