@@ -290,3 +290,21 @@ def test_a_plugin_taking_a_builtin_name_is_an_error_naming_both(tmp_path):
     message = " ".join(done.stderr.split())
     assert "method 'snapkv' is already registered by built-in kvbench.methods.snapkv:SnapKV" in message, message
     assert "entry point myplugin:KeyNorm (dist myplugin 0.1) registers it too" in message, message
+
+
+def test_a_command_two_contributors_claim_is_an_error_naming_both(tmp_path, monkeypatch):
+    """kvbench.commands gathers the built-in tables of its contributors; one name in two tables (or a core
+    command's name in a contributor's table) is refused, naming both."""
+    from kvbench import commands
+
+    write_module(tmp_path, "contrib_a", 'BUILTIN_COMMANDS = {"dup": "contrib_a:app", "data": "contrib_a:app"}\n')
+    write_module(tmp_path, "contrib_b", 'BUILTIN_COMMANDS = {"dup": "contrib_b:app"}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b", "contrib_a"))
+    with pytest.raises(RegistryError, match="command 'dup' is a built-in of both contrib_b and contrib_a"):
+        commands.builtin_commands()
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b",))
+    assert commands.builtin_commands() == {**commands.CORE_COMMANDS, "dup": "contrib_b:app"}
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_a",))
+    with pytest.raises(RegistryError, match="command 'data' is a built-in of both kvbench.commands and contrib_a"):
+        commands.builtin_commands()
