@@ -1,7 +1,7 @@
 """Where a training step's time goes, and what the cheap changes buy, measured in one run.
 
 For a 4,096-token step and a 512-token step of ``tiny-trained`` (training mode, rows from stage 10's mix:
-``kvbench.training.make_batch``), times the forward, the backward and the optimizer (grad clip + AdamW), and
+``kvbench_training.make_batch``), times the forward, the backward and the optimizer (grad clip + AdamW), and
 inside them the Gated DeltaNet chunk kernel (``torch_chunk_gated_delta_rule``, the torch fallback without
 fla), the MoE block (router + experts + shared expert) and the router alone (forward: wall time of the calls
 in the step; backward: the same calls replayed forward + backward on their recorded inputs, less their
@@ -30,9 +30,9 @@ from contextlib import contextmanager
 
 import torch
 
-from kvbench.training import data as D
-from kvbench.training.loop import TrainArgs, _optimizer, batch_loss
-from kvbench.training.model import load_trained
+from kvbench_training import data as D
+from kvbench_training.loop import TrainArgs, _optimizer, batch_loss
+from kvbench_training.model import load_trained
 
 MODEL = "kvbench/builtin/tiny-trained"
 MIX = D.parse_mix(

@@ -1,13 +1,15 @@
-"""``kvbench`` command line: run, list, report, and the sub-commands methods contribute.
+"""``kvbench`` command line: the core commands (run, list, report, cost, calibrate) and every registered one.
 
 User errors (:class:`~kvbench.errors.KvbenchError`) print one clear message and exit with status 2,
 without a traceback; ``--debug`` (``kvbench --debug COMMAND …``, also accepted after the command, or
 ``KVBENCH_DEBUG=1``) re-raises them with the traceback.
 
-The core names no method: a method's own sub-commands are a typer app registered in
-:data:`kvbench.methods.COMMANDS` (``kvbench <name> …``), mounted by :func:`main` as a group that imports the app
-only when that group is used (``kvbench --help`` imports no torch); ``kvbench calibrate METHOD`` runs the
-calibration step of any registered method that declares one (:meth:`EvictionMethod.calibrate`).
+The core names no method, bench or trainer: every other command (a bench's ``ruler generate``, a method's
+``gatesight …``, the trainer's ``train-tiny``, ``data fetch``, ``results upgrade``) is a typer app registered in
+:data:`kvbench.commands.COMMANDS` (``kvbench <name> …``), mounted by :func:`main` as a group that imports the
+app only when that group is used (``kvbench --help`` imports no torch, nor does ``kvbench <any command>
+--help``); ``kvbench calibrate METHOD`` runs the calibration step of any registered method that declares one
+(:meth:`EvictionMethod.calibrate`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,28 @@ import typer.main
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from kvbench.data_fetch import data_app
 from kvbench.errors import KvbenchError
 from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
 
+
+class CoreCommands(TyperGroup):
+    """The ``kvbench`` group: a command of a distribution that is not installed (``train-tiny`` without
+    kvbench-training) is one line naming the pip command that installs it, not click's "No such command"."""
+
+    def get_command(self, ctx, cmd_name: str):
+        found = super().get_command(ctx, cmd_name)
+        if found is None:
+            from kvbench.commands import MISSING_HINTS
+
+            if cmd_name in MISSING_HINTS:
+                raise KvbenchError(f"`kvbench {cmd_name}` is not installed here; install it with: "
+                                   f"{MISSING_HINTS[cmd_name]}")  # fmt: skip
+        return found
+
+
 app = typer.Typer(
+    cls=CoreCommands,
     add_completion=False,
     no_args_is_help=True,
     help="Query-agnostic KV-cache eviction benchmark for hybrid LLMs.",
@@ -55,8 +73,8 @@ def _root(
 ) -> None:
     """Query-agnostic KV-cache eviction benchmark for hybrid LLMs."""
     # main() reads --debug itself (it must know it when an error reaches it); here, before any command runs
-    # (never for `kvbench --help`, which stays torch-free), the filter of transformers' kernel warnings
-    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+    # (`kvbench CMD --help` too: the filter imports neither torch nor transformers), the kernel warning filter
+    from kvbench.kernel_warnings import quiet_kernel_warnings
 
     quiet_kernel_warnings()
 
@@ -156,7 +174,7 @@ def run(
     ),
 ) -> None:
     """Prefill each context once, score with every method, fork at every p, answer every question."""
-    from kvbench.engines.hf_adapters import quiet_kernel_warnings
+    from kvbench.kernel_warnings import quiet_kernel_warnings
 
     quiet_kernel_warnings().verbose = verbose
     if ray is None and (workers is not None or gpus_per_worker is not None):
@@ -453,258 +471,37 @@ def calibrate(
     )
 
 
-def _read_text_file(path: Path, option: str) -> str:
-    """The UTF-8 text of a file named on the command line, or a KvbenchError naming the option."""
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvbenchError(f"{option} {path}: cannot read it ({exc})") from None
-
-
-@app.command("train-tiny")
-def train_tiny(
-    out: Path = typer.Option(Path("models/tiny-trained"), "--out", "-o", help="Output dir (checkpoints, final/)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default: 3,850, the shipped run)."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Rows per step."),
-    lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate (warm-up + cosine)."),
-    warmup: int = typer.Option(0, "--warmup", help="Linear warm-up steps (0: a twentieth of --steps)."),
-    seed: int = typer.Option(0, "--seed", help="Training seed (RULER generator seeds >= 10000; evaluation uses 42)."),
-    curriculum: Optional[str] = typer.Option(
-        None, "--curriculum", help="LENGTH@START_FRACTION,… (default: 128@0,256@0.156,512@0.779,1024@0.961)."
-    ),
-    save_every: int = typer.Option(250, "--save-every", help="Checkpoint every N steps."),
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (1 on a busy machine)."),
-    eval_limit: int = typer.Option(
-        20, "--eval-limit", help="Items per task for the final full-cache RULER eval (0: skip)."
-    ),
-    export: Optional[Path] = typer.Option(
-        None, "--export", help="Also write the shipped bf16 copy + model card here (e.g. kvbench/builtin/tiny-trained)."
-    ),
-    mix: Optional[str] = typer.Option(
-        None, "--mix", help="Training mix TASK=WEIGHT,… summing to 1 (default: the shipped first stage's mix)."
-    ),
-    init: Optional[Path] = typer.Option(
-        None, "--init", help="Start from this trained model (a run's final/ dir): a later training stage."
-    ),
-    card_note: Optional[Path] = typer.Option(
-        None, "--card-note", help="Markdown file quoted in the exported model card below the accuracy table."
-    ),
-    arch: str = typer.Option(
-        "qwen3_next", "--arch", help="qwen3_next (MoE, the shipped tiny-trained) | qwen3_5 (dense qwen3_5_text twin)."
-    ),
-    tokenizer_dir: Optional[Path] = typer.Option(
-        None,
-        "--tokenizer",
-        help="Start from this tokenizer directory instead of training one (e.g. "
-        "kvbench/builtin/tiny-trained, so a twin shares its tokenizer); a first stage only.",
-    ),
-) -> None:
-    """Train the tiny hybrid (Qwen3-Next, GDN + gated attention) on RULER-style data; deterministic, resumable.
-    The defaults are the shipped `tiny-trained` model's first stage; `bash scripts/train_tiny.sh` runs every stage."""
-    import json
-
-    from kvbench import training as T
-
-    if card_note is not None and not export:
-        raise KvbenchError("--card-note only applies to an export; add --export DIR")
-    note = _read_text_file(card_note, "--card-note") if card_note is not None else ""
-    tok = None
-    if tokenizer_dir is not None:
-        if init is not None:
-            raise KvbenchError("--tokenizer applies to a first stage; a stage with --init keeps its model's tokenizer")
-        if not (tokenizer_dir / "tokenizer.json").is_file():
-            raise KvbenchError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there; give a tokenizer directory")
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    args = T.TrainArgs(
-        steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
-        curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM, warmup=warmup,
-        save_every=save_every, mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, arch=arch,
-    )  # fmt: skip
-    final = T.train(out, args, T.RunOptions(resume=resume, threads=threads, tokenizer=tok))
-    err_console.print(f"[green]done:[/green] model in {escape(str(final))}")
-    target = T.export_builtin(final, export, note=note) if export else final
-    if eval_limit > 0:
-        length = json.loads((final / "kvbench_builtin.json").read_text())["context_length"]
-        scores = T.evaluate_quick(target, tasks=T.NO_EXTERNAL_DATA_TASKS, length=length, limit=eval_limit)
-        for task, score in scores.items():
-            err_console.print(f"{task:18} {score:.1f}")
-        err_console.print(f"{'mean':18} {sum(scores.values()) / len(scores):.1f}")
-        if export:
-            T.export_builtin(final, export, evaluation=scores, note=note)
-    if export:
-        err_console.print(f"[green]exported:[/green] {escape(str(export))}")
-
-
-ruler_app = typer.Typer(no_args_is_help=True, help="RULER: write kvbench's RULER items in RULER's own jsonl schema.")
-
-
-class RulerTemplate(str, Enum):
-    base = "base"
-    chat = "chat"
-
-
-@ruler_app.command("generate")
-def ruler_generate(
-    tokenizer: Path = typer.Option(..., "--tokenizer", help="Hugging Face tokenizer directory."),
-    task: str = typer.Option(..., "--task", "-t", help="RULER task, e.g. niah_single_1 (kvbench list benches)."),
-    length: int = typer.Option(..., "--length", help="RULER's max_seq_length: prompt + generated tokens."),
-    limit: int = typer.Option(100, "--limit", "-n", help="Number of samples (RULER's num_samples)."),
-    seed: int = typer.Option(42, "--seed", help="RULER's random_seed."),
-    template: RulerTemplate = typer.Option(
-        RulerTemplate.base, "--template", help="base: RULER's base template (no chat template); chat: the tokenizer's."
-    ),
-    sampling: str = typer.Option("official", "--sampling", help="official (RULER's own items) or per_item."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl file (replaced atomically)."),
-    data_dir: Optional[Path] = typer.Option(
-        None, "--data-dir", help="External data directory holding ruler/; default $KVBENCH_DATA_DIR."
-    ),
-) -> None:
-    """Write RULER's jsonl (index, input, outputs, length, length_w_model_temp, answer_prefix, and
-    token_position_answer for niah) for one task, to diff against RULER's scripts/data/prepare.py."""
-    if data_dir is not None:
-        if not data_dir.is_dir():
-            raise KvbenchError(f"--data-dir {data_dir} is not a directory")
-        os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
-    if not tokenizer.is_dir():
-        raise KvbenchError(f"--tokenizer {tokenizer} is not a directory; pass a Hugging Face tokenizer directory")
-    from transformers import AutoTokenizer
-
-    from kvbench.tasks.ruler_jsonl import write_ruler_jsonl
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(tokenizer))
-    except (OSError, ValueError) as exc:
-        raise KvbenchError(f"--tokenizer {tokenizer}: cannot load a tokenizer there ({exc})") from None
-    if template is RulerTemplate.base:
-        tok.chat_template = None
-    elif not getattr(tok, "chat_template", None):
-        raise KvbenchError(f"--tokenizer {tokenizer} has no chat template; use --template base")
-    n = write_ruler_jsonl(tok, task, length=length, limit=limit, seed=seed, out=out, sampling=sampling)
-    err_console.print(f"[green]done:[/green] {n} {escape(task)} samples -> {escape(str(out))}")
-
-
-scbench_app = typer.Typer(
-    no_args_is_help=True, help="SCBench: generate kv, mf, prefix_suffix and vt rows offline, in the hub's layout."
-)
-
-
-@scbench_app.command("generate")
-def scbench_generate(
-    task: str = typer.Option(..., "--task", "-t", help="Task(s), comma separated: kv, mf, prefix_suffix, vt."),
-    length: Optional[int] = typer.Option(
-        None,
-        "--length",
-        help="Tokens a row may need as the model sees it (context prompt + longest question + its answer); "
-        "default: the model's trained context length when it states one, else 4096.",
-    ),
-    limit: int = typer.Option(100, "--limit", "-n", help="Rows per task."),
-    seed: int = typer.Option(42, "--seed", help="Data seed (0 to 2**32 - 1)."),
-    out: Path = typer.Option(
-        ..., "--out", "-o", help="Directory: writes DIR/scbench_<task>/test-00000-of-00001.parquet (e.g. DATA/scbench)."
-    ),
-    model: Optional[str] = typer.Option(
-        None,
-        "--model",
-        help="Model whose tokenizer sizes the rows: built-in name or local directory (default: tiny-trained).",
-    ),
-) -> None:
-    """Generate SCBench rows of kv, mf, prefix_suffix and vt (kvbench's own draws in SCBench's row schema),
-    each sized to --length with the model's tokenizer, and write them in the hub's parquet layout (read them
-    back with `kvbench run --bench scbench --data-dir DATA` when --out is DATA/scbench)."""
-    import json
-
-    from kvbench.models import BUILTIN_MODELS, DEFAULT_LENGTH, DEFAULT_MODEL, materialize_builtin
-    from kvbench.tasks.scbench import row_measure
-    from kvbench.tasks.scbench_generate import GENERATED_TASKS, SEED_RANGE, generate_rows, write_hub_layout
-
-    tasks = _split(task) or []
-    if not tasks or any(t not in GENERATED_TASKS for t in tasks) or len(set(tasks)) != len(tasks):
-        bad = [t for t in tasks if t not in GENERATED_TASKS] or ["(none or repeated)"]
-        raise KvbenchError(f"--task {', '.join(bad)}: give one or more of {', '.join(GENERATED_TASKS)}, each once")
-    if limit < 1:
-        raise KvbenchError(f"--limit {limit}: give the number of rows per task, at least 1")
-    if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
-        raise KvbenchError(f"--seed {seed}: give an integer from {SEED_RANGE[0]} to {SEED_RANGE[1] - 1}")
-    if length is not None and length < 1:
-        raise KvbenchError(f"--length {length}: give a positive number of tokens")
-    if out.exists() and not out.is_dir():
-        raise KvbenchError(f"--out {out} is a file; give a directory")
-    name = model or DEFAULT_MODEL
-    path = materialize_builtin(name) if name in BUILTIN_MODELS else Path(name)
-    if not path.is_dir():
-        raise KvbenchError(f"--model {name}: not a built-in model ({', '.join(BUILTIN_MODELS)}) nor a local directory")
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as exc:
-        raise KvbenchError(f"--model {name}: cannot load its tokenizer ({exc})") from None
-    if length is None:
-        marker = path / "kvbench_builtin.json"
-        length = (json.loads(marker.read_text()).get("context_length") if marker.is_file() else None) or DEFAULT_LENGTH
-    # every row first, so that bad input (a --length too short for any row) writes nothing
-    rows = {
-        t: list(generate_rows(t, length=length, limit=limit, seed=seed, measure=row_measure(tok, t))) for t in tasks
-    }
-    for t in tasks:
-        written = write_hub_layout(t, rows[t], out)
-        console.print(f"{written}: {len(rows[t])} rows", markup=False, highlight=False, soft_wrap=True)
-
-
-results_app = typer.Typer(no_args_is_help=True, help="Results directories: bring an older kvbench's rows up to date.")
-
-
-@results_app.command("upgrade")
-def results_upgrade(
-    dirs: list[Path] = typer.Argument(..., help="Results directories (the --out of kvbench runs)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would change; write nothing."),
-) -> None:
-    """Give the rows of an older kvbench today's identity where that is certain: a row lacking only
-    artifact_sha256 whose method reads no calibration artifact gets null. Every other old row (GateSight's,
-    TriAttention's, a method not installed here, rows lacking more) is removed from the results file; the file's
-    original bytes are first saved beside it as <file>.pre-upgrade-<ns>. Afterwards runs resume into the directory
-    and reports include its rows; rerun what was removed."""
-    from kvbench.methods import declares_no_artifact
-    from kvbench.results import upgrade_results
-
-    for d in dirs:
-        for up in upgrade_results(d, declares_no_artifact, dry_run=dry_run):
-            verb = "would upgrade" if dry_run else "upgraded"
-            line = f"{up.path}: {up.current} current rows kept, {verb} {up.upgraded}"
-            if not up.changed:
-                line = f"{up.path}: {up.current} rows, all current; nothing to do"
-            console.print(line, markup=False, soft_wrap=True)
-            for reason, n in up.left_out.items():
-                verb = "would remove" if dry_run else "removed"
-                console.print(f"  {verb} {n}: {reason}", style="yellow", markup=False, soft_wrap=True)
-            if up.backup is not None:
-                console.print(f"  original saved as {up.backup}", markup=False, soft_wrap=True)
-
-
-app.add_typer(ruler_app, name="ruler")
-app.add_typer(scbench_app, name="scbench")
-app.add_typer(results_app, name="results")
-app.add_typer(data_app, name="data")  # kvbench data fetch: kvbench/data_fetch.py
+def as_click(name: str, app: typer.Typer) -> click.Command:
+    """The typer ``app`` registered as ``name``, as click runs it: the command itself when the app holds one
+    command of that very name (``kvbench paper``, ``kvbench train-tiny``), else a group (``kvbench ruler
+    generate``, even with ``generate`` its only command)."""
+    commands = app.registered_commands
+    if len(commands) == 1 and not app.registered_groups:
+        info = commands[0]
+        if (info.name or typer.main.get_command_name(info.callback.__name__)) == name:
+            return typer.main.get_command(app)
+    return typer.main.get_group(app)
 
 
 class LazyCommands(TyperGroup):
-    """The sub-commands registered in :data:`kvbench.methods.COMMANDS` under ``name``: listed by ``kvbench
-    --help`` from the name alone; the typer app is imported (and turned into a click group) only when the group
-    is used, e.g. ``kvbench NAME --help`` or ``kvbench NAME COMMAND …``."""
+    """The command registered in :data:`kvbench.commands.COMMANDS` under ``name``: listed by ``kvbench --help``
+    with :func:`kvbench.commands.short_help` (no app imported); the typer app is imported (and turned into a
+    click group, or a command for an app of one command) only when it is used, e.g. ``kvbench NAME --help`` or
+    ``kvbench NAME COMMAND …``."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(name=name, help=f"Commands of {name} (`kvbench {name} --help` lists them).")
+        from kvbench.commands import short_help
+
+        listed = short_help(name) or f"Commands of {name} (`kvbench {name} --help` lists them)."
+        super().__init__(name=name, help=listed)
         self._group: click.Command | None = None
 
     def load(self) -> click.Command:
         """The registered typer app as a click command (imported on first use)."""
         if self._group is None:
-            from kvbench.methods import COMMANDS
+            from kvbench.commands import COMMANDS
 
-            self._group = typer.main.get_command(COMMANDS.get(self.name))
+            self._group = as_click(self.name, COMMANDS.get(self.name))
         return self._group
 
     def make_context(self, info_name, args, parent=None, **extra):  # the loaded group parses and runs
@@ -721,8 +518,8 @@ class LazyCommands(TyperGroup):
 
 def command_group() -> click.Command:
     """The whole command line as one click group: :data:`app` and a :class:`LazyCommands` group per
-    :data:`kvbench.methods.COMMANDS` name (listed without importing any of them)."""
-    from kvbench.methods import COMMANDS
+    :data:`kvbench.commands.COMMANDS` name (listed without importing any of them)."""
+    from kvbench.commands import COMMANDS
 
     group = typer.main.get_command(app)
     for name in COMMANDS.names():

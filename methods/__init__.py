@@ -26,8 +26,9 @@ rows, in the results store or in reports) and the options in ``method_options``.
 A method that scores with an offline artifact (calibration statistics, a trained estimator) overrides
 :meth:`EvictionMethod.artifact_sha256`, so its rows record which artifact they were scored with; one that
 computes its artifact itself overrides :meth:`EvictionMethod.calibrate` (``kvbench calibrate METHOD``). A
-method's own CLI sub-commands are a typer app registered in :data:`COMMANDS` under the name its class gives as
-``commands`` (``kvbench <name> …``).
+method's own CLI sub-commands are a typer app in the command registry :data:`kvbench.commands.COMMANDS`
+(``kvbench <name> …``): the built-ins' through :data:`BUILTIN_COMMANDS` here, a plugin's through the
+``kvbench.commands`` entry-point group.
 
 Third-party packages register methods through the ``kvbench.methods`` entry-point group, the key being the
 method's name (``keynorm = mypkg.keynorm:KeyNorm``; the class's ``name`` must agree), and commands through
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_COMMANDS",
     "BUILTIN_METHODS",
-    "COMMANDS",
     "METHODS",
     "EvictionMethod",
     "QueryAwareMethod",
@@ -79,7 +79,8 @@ BUILTIN_METHODS: dict[str, str] = {
     "oracle": "kvbench.methods.oracle:Oracle",
 }
 
-#: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app".
+#: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app", added to the
+#: command registry :data:`kvbench.commands.COMMANDS` (which reads this table; importing it imports no app).
 #: ``paper`` is ``kvbench paper`` (the GateSight paper's tables and figures; the command is the core's
 #: :mod:`kvbench.paper`, its label / eval stages GateSight's own code).
 BUILTIN_COMMANDS: dict[str, str] = {
@@ -88,7 +89,7 @@ BUILTIN_COMMANDS: dict[str, str] = {
 }
 
 _BASE = "kvbench.methods.base"  # where the re-exported names live, imported on first use
-_REEXPORTED = frozenset(__all__) - {"BUILTIN_COMMANDS", "BUILTIN_METHODS", "COMMANDS", "METHODS"}
+_REEXPORTED = frozenset(__all__) - {"BUILTIN_COMMANDS", "BUILTIN_METHODS", "METHODS"}
 
 
 def _check_method(name: str, cls: object) -> None:
@@ -97,9 +98,6 @@ def _check_method(name: str, cls: object) -> None:
 
 #: Every eviction method: built-ins, ``kvbench.methods`` entry points, ``register_method`` classes.
 METHODS: Registry[type[EvictionMethod]] = Registry("method", "kvbench.methods", BUILTIN_METHODS, check=_check_method)
-
-#: CLI sub-commands contributed by methods (typer apps): built-ins and ``kvbench.commands`` entry points.
-COMMANDS: Registry[Any] = Registry("command", "kvbench.commands", BUILTIN_COMMANDS)
 
 
 def __getattr__(name: str) -> Any:

@@ -51,8 +51,6 @@ class EvictionMethod(ABC):
         :meth:`score_question` per question instead of :meth:`score` once per context.
       options: user-settable attributes (``--set METHOD.OPTION=VALUE``), name -> one-line help; the
         class attribute of that name is the default.
-      commands: the name under which the method's CLI sub-commands are registered in
-        :data:`kvbench.methods.COMMANDS` (``kvbench <commands> …``); None for a method without any.
       engines: the engine names (``--engine``) the method runs on; None: every engine. The runner checks it
         before any model loads.
     """
@@ -66,7 +64,7 @@ class EvictionMethod(ABC):
     fingerprint: str | None = None
     query_aware: ClassVar[bool] = False
     options: ClassVar[dict[str, str]] = {}
-    commands: ClassVar[str | None] = None
+<<<<<<< HEAD
     engines: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, seed: int = 0) -> None:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvbench.prompt import encode, prompt_length, render
 from kvbench.tasks.ruler import RulerBench
-from kvbench.training import EVAL_SEED
+from kvbench_training import EVAL_SEED
 
 
 def needle_spans(tokenizer, body: str) -> list[tuple[str, list[int]]]:

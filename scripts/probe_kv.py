@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from kvbench.prompt import encode, render
 from kvbench.tasks.scbench import build_context
 from kvbench.tasks.scbench_generate import kv_row
-from kvbench.training import EVAL_SEED
+from kvbench_training import EVAL_SEED
 
 
 def key_spans(tok, context_ids: list[int], keys: list[str]) -> list[list[int]]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fresh-machine setup: a project virtual environment with the CPU torch wheel and kvbench (+ dev tools).
+# Fresh-machine setup: a project virtual environment with the CPU torch wheel, kvbench (+ dev tools) and the
+# trainer's distribution kvbench-training (training/, for `kvbench train-tiny`).
 # torch is pinned here (not in pyproject) so GPU users keep their CUDA build; on this CPU machine
 # torch==2.13.0 comes from a local wheel, while an unpinned torch would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -16,5 +17,8 @@ say "installing kvbench (editable) with its dev tools"
 # filter below drops setuptools' information-only note that every editable install of a project with a
 # package-dir mapping prints ("Editable installation. Please be careful with folders ..."), nothing else.
 PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dev]"
+# the trainer is its own distribution (training/, kept out of the kvbench wheel): it adds `kvbench train-tiny`
+say "installing kvbench-training (editable): kvbench train-tiny"
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q --no-deps -e training/
 say "installed:"
-.venv/bin/python -c "import kvbench, torch, transformers; print('kvbench', kvbench.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+.venv/bin/python -c "import kvbench, kvbench_training, torch, transformers; print('kvbench', kvbench.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

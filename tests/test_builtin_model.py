@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import kvbench_training as T
 from kvbench import artifacts, models
-from kvbench import training as T
 from kvbench.methods import list_methods
 
 SHIPPED = models.BUILTIN_MODELS["tiny-trained"].shipped
@@ -115,7 +115,7 @@ def test_every_method_runs_offline_on_each_shipped_model(name, tmp_path, capsys)
 @pytest.mark.parametrize("name", TRAINED)
 def test_shipped_model_retrieves_at_full_cache(name):
     """Each shipped model answers most niah_single_1 items at full cache (10 items, seed 42)."""
-    from kvbench.training import evaluate_quick
+    from kvbench_training import evaluate_quick
 
     length = models.load_model(name).context_length
     shipped = Path(models.BUILTIN_MODELS[name].shipped)

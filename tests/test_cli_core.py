@@ -1,4 +1,4 @@
-"""The command line names no method: method sub-commands mount lazily from ``kvbench.methods.COMMANDS`` (``kvbench
+"""The command line names no method: method sub-commands mount lazily from ``kvbench.commands.COMMANDS`` (``kvbench
 --help`` imports no torch), ``kvbench calibrate`` takes any method with a calibration step, ``--debug`` re-raises
 user errors with their traceback, and ``kvbench report`` writes outside the (read-only) results directory."""
 
@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 import typer
 
+from kvbench.commands import COMMANDS
 from kvbench.errors import KvbenchError
-from kvbench.methods import COMMANDS, EvictionMethod, register_method
+from kvbench.methods import EvictionMethod, register_method
 from tests.test_cli import LENGTH, MODEL, kvbench
 
 PROBE = """
@@ -190,3 +193,54 @@ def test_report_of_a_read_only_results_directory(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.replace("\n", " ")  # on the terminal only what the user can act on, with its flag
     assert "comparison: random, the CI reference" not in err and "no gatesight" not in err
     assert "note: for confidence intervals add a method: --method random,snapkv" in err
+
+
+def test_a_missing_training_distribution_names_its_pip_command(monkeypatch, capsys):
+    """Without kvbench-training installed (no ``train-tiny`` entry point: an empty registry stands in for it),
+    ``kvbench train-tiny`` is one error line naming the pip command, exit 2, not click's "No such command"."""
+    from kvbench import commands
+    from kvbench.registry import Registry
+
+    monkeypatch.setattr(commands, "COMMANDS", Registry("command", "kvbench.test-no-commands", {}))
+    assert kvbench("train-tiny", "--steps", "1") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install -e training/" in err and "No such command" not in err, err
+    assert kvbench("no-such-command") == 2  # any other unknown name stays click's usage error
+    assert "No such command" in capsys.readouterr().err
+
+
+def test_train_tiny_comes_from_the_training_distribution():
+    """``train-tiny`` is no core command: the kvbench-training distribution's entry point registers it."""
+    import typer
+
+    from kvbench import cli
+
+    assert "train-tiny" not in typer.main.get_command(cli.app).commands
+    assert "entry point kvbench_training.cli:app (dist kvbench-training" in COMMANDS.source("train-tiny")
+
+
+def _doc_blocks(section: str) -> dict[str, str]:
+    """The fenced code blocks of ``## {section}`` in docs/extending.md: language -> text."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```(\w+)\n(.*?)```", body, re.S))
+
+
+def test_the_commands_example_of_docs_extending_runs(tmp_path):
+    """docs/extending.md's Commands example, installed as a distribution: listed by ``kvbench --help`` with its
+    description (the app not imported), and ``kvbench mybench prepare`` runs."""
+    from tests.test_registry import _run_cli, write_dist
+
+    blocks = _doc_blocks("Commands")
+    project = tomllib.loads(blocks["toml"])
+    points = project["project"]["entry-points"]
+    modules = {"mypkg/__init__.py": "", "mypkg/cli.py": blocks["python"]}
+    site = write_dist(tmp_path / "site", project["project"]["name"], points, modules)
+    metadata = site / "mypkg-0.1.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text() + f"Summary: {project['project']['description']}\n")
+    listed = _run_cli(["--help"], site)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"mybench\s+MyBench: prepare and check its items\.", listed.stdout), listed.stdout
+    done = _run_cli(["mybench", "prepare", "--n", "5"], site)
+    assert done.returncode == 0 and "prepared 5 items" in done.stdout, done.stdout + done.stderr
+    assert "check" in _run_cli(["mybench", "--help"], site).stdout

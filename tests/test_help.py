@@ -1,11 +1,14 @@
-"""Every ``kvbench <command> --help`` (the whole command tree, method-contributed groups included) checked
-against the code: a default the help states, as typer's ``[default: X]`` tag or in the prose, is the one the
-code uses, and a flag shows no value placeholder (``<bool>``) as if it took a value."""
+"""Every ``kvbench <command> --help`` (the whole command tree, registered commands included) checked against the
+code: a default the help states, as typer's ``[default: X]`` tag or in the prose, is the one the code uses, a flag
+shows no value placeholder (``<bool>``) as if it took a value, and no ``--help`` imports torch or transformers."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from enum import Enum
 
 import click
@@ -16,8 +19,8 @@ from kvbench.distributed import RayOptions
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
 from kvbench.paper.artifacts import Grid, plan
 from kvbench.runner import ANSWER_CONTEXTS
-from kvbench.training.data import DEFAULT_CURRICULUM
-from kvbench.training.loop import DEFAULT_STEPS
+from kvbench_training.data import DEFAULT_CURRICULUM
+from kvbench_training.loop import DEFAULT_STEPS
 from tests.test_cli import kvbench
 
 TINY_LENGTH = json.loads((BUILTIN_DIR / "tiny-trained" / "kvbench_builtin.json").read_text())["context_length"]
@@ -141,3 +144,52 @@ def test_every_listed_option_exists():
     known = {(" ".join(p), o) for p, cmd in COMMANDS for prm in _params(cmd) for o in prm.opts}
     missing = sorted((set(STATED) | RULES) - known)
     assert not missing, f"STATED/RULES name options the commands lack: {missing}"
+
+
+#: Forks once per command path from one interpreter that imported kvbench.cli (and nothing heavy): each child runs
+#: ``kvbench PATH --help`` and reports which heavy modules it imported. Forking keeps the ~40 runs to seconds.
+HELP_PROBE = """
+import json, os, sys
+from kvbench import cli
+HEAVY = ("torch", "transformers")
+before = [m for m in HEAVY if m in sys.modules]
+found = {}
+for path in json.load(sys.stdin):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        sys.argv = ["kvbench", *path, "--help"]
+        code = 0
+        try:
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code or 0
+        os.write(write, json.dumps({"code": code, "heavy": [m for m in HEAVY if m in sys.modules]}).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        found[" ".join(path) or "kvbench"] = json.loads(pipe.read() or '{"code": "crashed", "heavy": []}')
+    os.waitpid(pid, 0)
+print(json.dumps({"before": before, "found": found}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the probe forks one child per command (POSIX only)")
+def test_no_help_imports_torch():
+    """``kvbench <path> --help`` for every command and sub-command of the tree (registered ones included)
+    exits 0 without importing torch or transformers."""
+    paths = [list(p) for p, _ in COMMANDS]
+    names = {" ".join(p) for p in paths}  # the whole tree: core commands, registered groups and sub-commands
+    assert {"run", "train-tiny", "ruler generate", "scbench generate", "gatesight label", "paper"} <= names
+    done = subprocess.run([sys.executable, "-c", HELP_PROBE], input=json.dumps(paths), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["before"] == [], f"importing kvbench.cli alone imports {got['before']}"
+    assert set(got["found"]) == {name or "kvbench" for name in names}
+    bad = {path: r for path, r in got["found"].items() if r["code"] != 0 or r["heavy"]}
+    assert not bad, f"--help failed or imported torch/transformers: {bad}"

@@ -2,7 +2,8 @@
 a method, no import of a name its module does not define.
 
 The graph is built with :mod:`ast` from the source files of ``kvbench`` (``kvbench/``), ``kvbench.methods``
-(``methods/``), ``kvbench.tasks`` (``tasks/``) and ``kvbench.scorers`` (``scorers/``); nothing is imported.
+(``methods/``), ``kvbench.tasks`` (``tasks/``), ``kvbench.scorers`` (``scorers/``) and the trainer's distribution
+``kvbench_training`` (``training/kvbench_training/``); nothing is imported.
 
 What counts as an edge ``A -> B``:
 
@@ -49,6 +50,7 @@ PACKAGES = {
     "kvbench.methods": ROOT / "methods",
     "kvbench.tasks": ROOT / "tasks",
     "kvbench.scorers": ROOT / "scorers",
+    "kvbench_training": ROOT / "training" / "kvbench_training",  # the kvbench-training distribution
 }
 # directories under the packages that are data or an import-only stand-in, not kvbench modules
 NOT_MODULES = {"__pycache__", "builtin", "templates", "vllm_stubs"}
@@ -77,7 +79,7 @@ class Edge:
 
 
 def project_modules() -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of the four packages."""
+    """Dotted module name -> source file, for every module of the packages in PACKAGES."""
     modules: dict[str, Path] = {}
     for package, directory in PACKAGES.items():
         for path in sorted(directory.rglob("*.py")):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import training as T
+import kvbench_training as T
 from kvbench.errors import KvbenchError
 from kvbench.prompt import encode, render
 from kvbench.tasks.scbench import build_context

@@ -103,7 +103,7 @@ def test_line_progress_shows_free_fields_and_training_uses_it_in_a_log(capsys):
         now[0] += 3
         progress.update(job, advance=1, info="len 128 loss 1.2345")
     assert out.getvalue() == "train: 1/2 done, 0:00:03 elapsed, len 128 loss 1.2345\n"
-    from kvbench.training.loop import _progress_bar
+    from kvbench_training.loop import _progress_bar
 
     assert isinstance(_progress_bar(True), LineProgress)  # stdout is captured here: not a terminal
     assert isinstance(_progress_bar(False), Progress)

@@ -78,3 +78,30 @@ def test_wheel_build_prints_no_setuptools_warning(built_wheel: tuple[set[str], s
     for marker in ("BuildBackendWarning", "SetuptoolsWarning", "SetuptoolsDeprecationWarning",
                    "absent from the `packages` configuration"):
         assert marker not in log, log[log.find(marker) - 300:log.find(marker) + 500]
+
+
+def test_the_core_wheel_holds_no_trainer(built_wheel: tuple[set[str], str]) -> None:
+    """The trainer is its own distribution (training/, kvbench-training): none of it ships in kvbench's wheel."""
+    names, _ = built_wheel
+    trainer = [n for n in names if n.startswith(("kvbench/training/", "kvbench_training/"))]
+    assert not trainer, trainer
+    assert "kvbench/calibration_corpus.py" in names  # the calibration corpus stays core (kvbench paper uses it)
+
+
+def test_the_training_wheel_registers_train_tiny(tmp_path: Path) -> None:
+    """training/ builds a kvbench-training wheel with the trainer and the ``train-tiny`` entry point of group
+    ``kvbench.commands``, which is how ``kvbench train-tiny`` is mounted."""
+    pytest.importorskip("setuptools", reason="the no-isolation build uses the environment's setuptools")
+    src, out = tmp_path / "training", tmp_path / "out"
+    shutil.copytree(ROOT / "training", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    (wheel,) = out.glob("kvbench_training-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = zf.read(points).decode()
+    assert {"kvbench_training/cli.py", "kvbench_training/loop.py"} <= names
+    assert not [n for n in names if n.startswith("kvbench/")], names
+    assert "[kvbench.commands]" in entry_points and "train-tiny = kvbench_training.cli:app" in entry_points

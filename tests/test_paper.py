@@ -120,7 +120,7 @@ def test_table_rows_appear_in_the_paper_text():
 
 def test_constants_match_the_benches():
     from kvbench.budgets import ALL_P
-    from kvbench.training import NO_EXTERNAL_DATA_TASKS
+    from kvbench_training import NO_EXTERNAL_DATA_TASKS
 
     assert A.ALL_P == tuple(ALL_P) and A.RULER_OFFLINE == tuple(NO_EXTERNAL_DATA_TASKS)
     assert len(A.RULER_TASKS) == 13 and len(A.SCBENCH_TASKS) == 12 and set(A.SCBENCH_GENERATED) <= set(A.SCBENCH_TASKS)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvbench import budgets
+from kvbench.commands import COMMANDS
 from kvbench.engines import ENGINES
 from kvbench.errors import KvbenchError
-from kvbench.methods import BUILTIN_METHODS, COMMANDS, METHODS, EvictionMethod, register_method
+from kvbench.methods import BUILTIN_METHODS, METHODS, EvictionMethod, register_method
 from kvbench.registry import Registry, RegistryError, UnknownNameError
 from kvbench.scorers import BUILTIN_SCORERS, SCORERS
 from kvbench.tasks import BENCHES, Bench, UnknownBenchError, get_bench
@@ -230,7 +231,7 @@ def test_layer_counts_checks_a_plugin_allocations_total(monkeypatch):
 def test_methods_calibration_and_commands_hooks():
     from kvbench.methods.snapkv import SnapKV
 
-    assert not SnapKV.has_calibration() and SnapKV.commands is None
+    assert not SnapKV.has_calibration() and not hasattr(SnapKV, "commands")
     with pytest.raises(KvbenchError, match="snapkv has no calibration step"):
         SnapKV.calibrate(None, [], max_tokens=1, out=None)
 
@@ -244,8 +245,9 @@ def test_methods_calibration_and_commands_hooks():
 
 def test_the_registries_import_no_torch():
     code = (
-        "import sys, kvbench.methods, kvbench.registry, kvbench.tasks, kvbench.scorers, kvbench.engines\n"
-        "names = [r.names() for r in (kvbench.methods.METHODS, kvbench.methods.COMMANDS, kvbench.tasks.BENCHES,\n"
+        "import sys, kvbench.commands, kvbench.methods, kvbench.registry, kvbench.tasks, kvbench.scorers\n"
+        "import kvbench.engines\n"
+        "names = [r.names() for r in (kvbench.methods.METHODS, kvbench.commands.COMMANDS, kvbench.tasks.BENCHES,\n"
         "         kvbench.scorers.SCORERS, kvbench.engines.ENGINES)]\n"
         "assert 'gatesight' in names[0] and 'gatesight' in names[1] and 'needle' in names[2], names\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -288,3 +290,21 @@ def test_a_plugin_taking_a_builtin_name_is_an_error_naming_both(tmp_path):
     message = " ".join(done.stderr.split())
     assert "method 'snapkv' is already registered by built-in kvbench.methods.snapkv:SnapKV" in message, message
     assert "entry point myplugin:KeyNorm (dist myplugin 0.1) registers it too" in message, message
+
+
+def test_a_command_two_contributors_claim_is_an_error_naming_both(tmp_path, monkeypatch):
+    """kvbench.commands gathers the built-in tables of its contributors; one name in two tables (or a core
+    command's name in a contributor's table) is refused, naming both."""
+    from kvbench import commands
+
+    write_module(tmp_path, "contrib_a", 'BUILTIN_COMMANDS = {"dup": "contrib_a:app", "data": "contrib_a:app"}\n')
+    write_module(tmp_path, "contrib_b", 'BUILTIN_COMMANDS = {"dup": "contrib_b:app"}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b", "contrib_a"))
+    with pytest.raises(RegistryError, match="command 'dup' is a built-in of both contrib_b and contrib_a"):
+        commands.builtin_commands()
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b",))
+    assert commands.builtin_commands() == {**commands.CORE_COMMANDS, "dup": "contrib_b:app"}
+    monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_a",))
+    with pytest.raises(RegistryError, match="command 'data' is a built-in of both kvbench.commands and contrib_a"):
+        commands.builtin_commands()

@@ -8,9 +8,9 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
 from kvbench.methods import declares_no_artifact, get_method, list_methods
 from kvbench.results import ResultsError, ResultsStore, read_results, row_key, upgrade_results
+from kvbench.results_cli import app
 from tests.test_results import make_row
 
 
@@ -123,9 +123,9 @@ def test_upgraded_rows_duplicated_across_files_are_kept_once(tmp_path):
 
 def test_cli_reports_each_file(old_dir):
     tmp_path, _, _ = old_dir
-    result = CliRunner().invoke(app, ["results", "upgrade", str(tmp_path), "--dry-run"])
+    result = CliRunner().invoke(app, ["upgrade", str(tmp_path), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "would upgrade 2" in result.output and "would remove 1: an incomplete last line" in result.output
     assert "all current; nothing to do" in result.output
-    result = CliRunner().invoke(app, ["results", "upgrade", str(tmp_path)])
+    result = CliRunner().invoke(app, ["upgrade", str(tmp_path)])
     assert result.exit_code == 0 and "upgraded 2" in result.output and "original saved as" in result.output

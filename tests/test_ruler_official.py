@@ -191,10 +191,10 @@ def test_cli_generate_writes_rulers_file(tokenizer, ruler_data, tmp_path):
     """``kvbench ruler generate`` reproduces a fixture byte for byte; bad input exits 2, the old file kept."""
     from typer.testing import CliRunner
 
-    from kvbench.cli import app
+    from kvbench.tasks.ruler_cli import app
 
     out = tmp_path / "ns1.jsonl"
-    args = ["ruler", "generate", "--tokenizer", str(FIXTURES / "tokenizer"), "--task", "niah_single_1",
+    args = ["generate", "--tokenizer", str(FIXTURES / "tokenizer"), "--task", "niah_single_1",
             "--length", "1024", "--limit", "5", "--seed", "42", "--template", "base", "--out", str(out),
             "--data-dir", str(ruler_data)]  # fmt: skip
     result = CliRunner().invoke(app, args)

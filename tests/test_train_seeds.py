@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import training as T
-from kvbench.training import data as D
+import kvbench_training as T
+from kvbench.tasks.scbench_cli import scbench_generate
+from kvbench_training import data as D
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Scripts that run evaluations a user gets by default (model cards, README figure, calibration).
@@ -37,7 +38,7 @@ def _default(command, name: str) -> int:
 def test_default_evaluation_seeds_are_the_declared_ones_and_below_the_training_range():
     from kvbench import cli
 
-    used = {_default(cli.run, "seed"), _default(cli.scbench_generate, "seed")}
+    used = {_default(cli.run, "seed"), _default(scbench_generate, "seed")}
     for script in EVAL_SCRIPTS:
         used |= {int(s) for s in re.findall(r"--seed[ =](\d+)", (ROOT / "scripts" / script).read_text())}
     assert used <= set(T.EVAL_SEEDS)

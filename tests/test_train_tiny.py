@@ -1,4 +1,4 @@
-"""kvbench.training: tokenizer, config, training rows, determinism and exact resume."""
+"""kvbench_training (training/): tokenizer, config, training rows, determinism and exact resume."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from kvbench import training as T
+import kvbench_training as T
 from kvbench.errors import KvbenchError
 
 # A 4-layer model (3 GDN + 1 attention) keeps the training tests to a few seconds.
@@ -450,7 +450,7 @@ def test_stage_compute_seconds_from_the_log():
 
 
 def test_the_card_describes_scbench_rows_only_when_a_stage_trained_on_them():
-    from kvbench.training.card import _scbench_sentence
+    from kvbench_training.card import _scbench_sentence
 
     ruler_only = [{"mix": [["niah_single_1", 1.0]]}, {}]  # {}: the default mix, RULER's tasks and dense rows
     assert _scbench_sentence(ruler_only) == ""
@@ -503,12 +503,12 @@ def test_scbench_rows_are_the_evaluation_prompt_then_every_answered_question(tas
 
 
 def test_trimming_trailing_padding_leaves_loss_and_gradients_unchanged(one_thread):
-    from kvbench.training.loop import trim_padding
+    from kvbench_training.loop import trim_padding
 
     tok = tokenizer()
     cfg = T.tiny_trained_config(len(tok), **SMALL)
     torch.manual_seed(0)
-    from kvbench.training.model import build_model, set_special_ids
+    from kvbench_training.model import build_model, set_special_ids
 
     set_special_ids(cfg, tok)
     model = build_model(cfg)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from kvbench import training as T
+import kvbench_training as T
 from kvbench.errors import KvbenchError
 from tests.test_train_tiny import tokenizer, train_with
 

@@ -19,7 +19,6 @@ partial signals.
 
 from __future__ import annotations
 
-import logging
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +29,11 @@ from torch import nn
 
 from kvbench.engines import decode_kernel
 from kvbench.errors import ModelError
+from kvbench.kernel_warnings import (  # noqa: F401 (torch-free for the command line; re-exported here)
+    FALLBACK_SUMMARY,
+    KernelWarningFilter,
+    quiet_kernel_warnings,
+)
 
 GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 
@@ -246,40 +250,3 @@ class Recorder:
         }
 
 
-#: transformers logs one warning per GDN kernel it runs without its optional fast package.
-_FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
-_FALLBACK_TEXT = "is falling back to its reference PyTorch implementation"
-FALLBACK_SUMMARY = (
-    "note: the optional fast GDN kernels (causal_conv1d, flash-linear-attention) are not installed; "
-    "transformers runs its reference PyTorch kernels (slower, same results). --verbose shows the details"
-)
-
-
-class KernelWarningFilter(logging.Filter):
-    """Turns transformers' fallback-kernel warnings into one short line, once (all of them when ``verbose``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.verbose = False
-        self.shown = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Pass other records; the first fallback warning becomes :data:`FALLBACK_SUMMARY`, later ones drop."""
-        if self.verbose or _FALLBACK_TEXT not in record.getMessage():
-            return True
-        if self.shown:
-            return False
-        self.shown = True
-        record.msg, record.args = FALLBACK_SUMMARY, ()
-        return True
-
-
-def quiet_kernel_warnings() -> KernelWarningFilter:
-    """Install (once) and return the filter on transformers' kernel logger; set ``.verbose`` to show all."""
-    logger = logging.getLogger(_FALLBACK_LOGGER)
-    for f in logger.filters:
-        if isinstance(f, KernelWarningFilter):
-            return f
-    f = KernelWarningFilter()
-    logger.addFilter(f)
-    return f

@@ -31,7 +31,7 @@ ALLOCATIONS = ("gate", "flat", "pyramid")
 RULER_TASKS: tuple[str, ...] = tuple(_RULER_TASKS)
 SCBENCH_TASKS: tuple[str, ...] = tuple(_SCBENCH_TASKS)
 SCBENCH_GENERATED: tuple[str, ...] = tuple(GENERATED_TASKS)
-#: RULER tasks that need no external data file (= kvbench.training.NO_EXTERNAL_DATA_TASKS, which imports torch;
+#: RULER tasks that need no external data file (= kvbench_training.NO_EXTERNAL_DATA_TASKS, which imports torch;
 #: a test checks)
 RULER_OFFLINE = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
 TINY_MODELS = ("tiny-trained-dense", "tiny-trained")

@@ -14,16 +14,23 @@ in hybrid LLMs"): the method kvbench was built around.
 
 from __future__ import annotations
 
-from .estimator import (
-    ARTIFACT_ENV,
-    PRODUCE_COMMAND,
-    GateSightEstimator,
-    default_artifact_dir,
-    load_artifact,
-    save_artifact,
-)
-from .features import age_features, feature_dims, layer_features, window_ordinals
-from .method import GateSight
+from kvbench.lazy import lazy_attributes
+
+# name -> the submodule that defines it, imported on first use: importing the package (as ``kvbench gatesight
+# --help`` and ``kvbench paper --help`` do, for the apps in .cli and .paper) imports no torch
+_WHERE = {
+    "ARTIFACT_ENV": ".estimator",
+    "PRODUCE_COMMAND": ".estimator",
+    "GateSightEstimator": ".estimator",
+    "default_artifact_dir": ".estimator",
+    "load_artifact": ".estimator",
+    "save_artifact": ".estimator",
+    "age_features": ".features",
+    "feature_dims": ".features",
+    "layer_features": ".features",
+    "window_ordinals": ".features",
+    "GateSight": ".method",
+}
 
 __all__ = [
     "ARTIFACT_ENV",
@@ -38,3 +45,5 @@ __all__ = [
     "save_artifact",
     "window_ordinals",
 ]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE)

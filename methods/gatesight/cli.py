@@ -1,4 +1,4 @@
-"""``kvbench gatesight label | train | eval``: a typer app registered in :data:`kvbench.methods.COMMANDS` under
+"""``kvbench gatesight label | train | eval``: a typer app registered in :data:`kvbench.commands.COMMANDS` under
 the name the method's class gives as ``commands``; ``kvbench`` imports it only when these commands are used.
 
 Typical use::

@@ -40,7 +40,6 @@ class GateSight(EvictionMethod):
 
     name = "gatesight"
     default_allocation = "gate"
-    commands = "gatesight"  # kvbench gatesight label | train | eval (kvbench.methods.COMMANDS)
     artifact: str | os.PathLike | None = None
 
     def __init__(self, seed: int = 0, artifact: str | os.PathLike | None = None, fingerprint: str | None = None):

@@ -1,4 +1,4 @@
-"""GateSight's stages of ``kvbench paper`` and the command itself (registered in :data:`kvbench.methods.COMMANDS` as
+"""GateSight's stages of ``kvbench paper`` and the command itself (registered in :data:`kvbench.commands.COMMANDS` as
 ``paper``): label grids run :func:`~kvbench.methods.gatesight.labels.label_corpus` on a generated corpus (seeded
 apart from the shipped calibration corpus) or ``--corpus``, then write Figure 1's half-life statistics; eval grids
 run :func:`~kvbench.methods.gatesight.evaluate.evaluate_labels` (leave-one-corpus-out, or the trained estimator).
@@ -26,8 +26,8 @@ CORPUS_SEED = {"short": 1, "2k": 2}
 
 
 def _labels_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+    from kvbench.calibration_corpus import write_calibration_corpus
     from kvbench.models import load_model
-    from kvbench.training import write_calibration_corpus
 
     from .labels import label_corpus
     from .utility import LabelConfig

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 import torch
 
 from kvbench.errors import KvbenchError
-from kvbench.training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
-from kvbench.training.model import (
+from kvbench_training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
+from kvbench_training.model import (
     ARCHS,
     arch_of,
     build_model,
@@ -38,7 +38,7 @@ from kvbench.training.model import (
     set_special_ids,
     tiny_trained_config,
 )
-from kvbench.training.tokenizer import train_tokenizer
+from kvbench_training.tokenizer import train_tokenizer
 
 DEFAULT_STEPS = 3850
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from kvbench.training.card import model_card
-from kvbench.training.data import EVAL_SEED
-from kvbench.training.model import SHIPPED_MAX_POSITIONS, load_trained
+from kvbench_training.card import model_card
+from kvbench_training.data import EVAL_SEED
+from kvbench_training.model import SHIPPED_MAX_POSITIONS, load_trained
 
 #: The RULER tasks that need no external data: the targets of the shipped model's evaluation.
 NO_EXTERNAL_DATA_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
+from kvbench.calibration_corpus import synthetic_text
 from kvbench.models import CHAT_TEMPLATE, SPECIAL_TOKENS
-from kvbench.training.data import DENSE_TASKS, TASK_MIX, TRAIN_SEED_BASE, answer_text, ruler_bench, synthetic_text
+from kvbench_training.data import DENSE_TASKS, TASK_MIX, TRAIN_SEED_BASE, answer_text, ruler_bench
 
 
 def tokenizer_corpus(n_per_task: int = 4) -> list[str]:

@@ -1,4 +1,8 @@
-"""A generic synthetic corpus for calibrating methods on the shipped model (not task data)."""
+"""A generic synthetic corpus for calibrating methods on the shipped model (not task data).
+
+Core, not training: ``kvbench paper`` writes its label corpora with it and scripts/calibrate_tiny.sh the shipped
+artifacts' corpus; the trainer (kvbench-training, ``training/``) reads :func:`synthetic_text` for its tokenizer
+corpus."""
 
 from __future__ import annotations
 
@@ -6,7 +10,32 @@ import random
 import string
 from pathlib import Path
 
-from kvbench.training.data import synthetic_text
+
+def synthetic_text(rng: random.Random, n_chars: int) -> str:
+    """Plain text of at least ``n_chars`` characters in the haystack vocabulary: noise sentences, needle
+    sentences, variable assignments and coded words, one per line."""
+    from kvbench.tasks.ruler_data import NEEDLE, NOISE, niah_key_parts
+
+    adjs, nouns = niah_key_parts()
+    lines: list[str] = []
+    size = 0
+    while size < n_chars:
+        kind = rng.random()
+        if kind < 0.4:
+            line = NOISE
+        elif kind < 0.7:
+            key = f"{rng.choice(adjs)}-{rng.choice(nouns)}"
+            line = NEEDLE.format(type_v="numbers", key=key, value=rng.randint(10**6, 10**7 - 1))
+        elif kind < 0.85:
+            name = "".join(rng.choices(string.ascii_uppercase, k=5))
+            other = "".join(rng.choices(string.ascii_uppercase, k=5))
+            line = f"VAR {name} = {rng.randint(10000, 99998)}" if rng.random() < 0.5 else f"VAR {name} = VAR {other}"
+        else:
+            line = " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(rng.randint(3, 12)))
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines)
+
 
 #: Kinds of document in the generic calibration corpus (one sub-corpus each, for leave-one-corpus-out).
 CALIBRATION_KINDS = ("haystack", "words", "assignments")
@@ -36,7 +65,7 @@ def write_calibration_corpus(out_dir: str | Path, n_docs: int = 16, n_chars: int
     """A generic synthetic corpus for calibrating methods on the shipped model (TriAttention statistics,
     GateSight rollout labels): ``out_dir/<kind>/<i>.txt`` for each kind of ``CALIBRATION_KINDS``, ``n_docs``
     documents of about ``n_chars`` characters each. Not task data: no instruction, no question, no RULER
-    item; text in the haystack vocabulary (``haystack``: :func:`~kvbench.training.data.synthetic_text`'s mix
+    item; text in the haystack vocabulary (``haystack``: :func:`synthetic_text`'s mix
     of noise sentences, needle sentences, variable assignments and coded words), runs of random lowercase
     words (``words``), and variable-assignment lines (``assignments``). Seeds are drawn from a namespace of
     their own (``kvbench-calibration:…``), disjoint from training and evaluation. Deterministic. Returns

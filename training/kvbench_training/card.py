@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvbench.training.data import EVAL_SEED, TASK_MIX, TRAIN_SEED_BASE
-from kvbench.training.model import ARCHS, SHIPPED_MAX_POSITIONS, arch_of
+from kvbench_training.data import EVAL_SEED, TASK_MIX, TRAIN_SEED_BASE
+from kvbench_training.model import ARCHS, SHIPPED_MAX_POSITIONS, arch_of
 
 #: architecture key -> (model family, MLP description) as the card names them; ``{width}``: the dense MLP's
 _ARCHITECTURE = {
@@ -89,7 +89,7 @@ def model_card(model, tokenizer, args: dict, log: list[dict], evaluation: dict[s
 DeltaNet : 1 gated attention (3 attention layers), {mlp}, linear head
 dims 64, untied embeddings, partial RoPE 0.25; a byte-level BPE tokenizer with {len(tokenizer)} tokens (every
 digit its own token) and a ChatML template. Shipped in bfloat16 (kvbench loads it as float32 on CPU).
-Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`kvbench/training/`).
+Trained from scratch on a 2-core CPU by `kvbench train-tiny` (`training/`, the kvbench-training distribution).
 
 **Trained on.** {len(log)} steps in all, about {tokens / 1e6:.1f}M row tokens (padding included), in
 {len(stages)} stage(s):

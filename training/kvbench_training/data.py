@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from kvbench.calibration_corpus import synthetic_text
 from kvbench.errors import KvbenchError
 from kvbench.prompt import encode
 
@@ -138,7 +139,7 @@ def curriculum_length(curriculum: Curriculum, step: int, steps: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# Text shared with the tokenizer corpus and the calibration corpus
+# Text shared with the tokenizer corpus (the haystack text itself: kvbench.calibration_corpus.synthetic_text)
 
 
 def ruler_bench():
@@ -162,32 +163,6 @@ def answer_text(task: str, question) -> str:
     if len(refs) == 1:
         return " " + refs[0]
     return " " + ", ".join(refs[:-1]) + ", and " + refs[-1] if task.startswith("niah") else " " + " ".join(refs)
-
-
-def synthetic_text(rng: random.Random, n_chars: int) -> str:
-    """Plain text of at least ``n_chars`` characters in the haystack vocabulary: noise sentences, needle
-    sentences, variable assignments and coded words, one per line."""
-    from kvbench.tasks.ruler_data import NEEDLE, NOISE, niah_key_parts
-
-    adjs, nouns = niah_key_parts()
-    lines: list[str] = []
-    size = 0
-    while size < n_chars:
-        kind = rng.random()
-        if kind < 0.4:
-            line = NOISE
-        elif kind < 0.7:
-            key = f"{rng.choice(adjs)}-{rng.choice(nouns)}"
-            line = NEEDLE.format(type_v="numbers", key=key, value=rng.randint(10**6, 10**7 - 1))
-        elif kind < 0.85:
-            name = "".join(rng.choices(string.ascii_uppercase, k=5))
-            other = "".join(rng.choices(string.ascii_uppercase, k=5))
-            line = f"VAR {name} = {rng.randint(10000, 99998)}" if rng.random() < 0.5 else f"VAR {name} = VAR {other}"
-        else:
-            line = " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(rng.randint(3, 12)))
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
