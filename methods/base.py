@@ -64,7 +64,6 @@ class EvictionMethod(ABC):
     fingerprint: str | None = None
     query_aware: ClassVar[bool] = False
     options: ClassVar[dict[str, str]] = {}
-<<<<<<< HEAD
     engines: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, seed: int = 0) -> None:
