@@ -135,8 +135,10 @@ fi
 # stage starts only once the probe finds the previous one answers the right value at its pair count (gate).
 # Half of every mix keeps RULER's tasks, the lookup / echo / chains rows and the other SCBench tasks.
 KEEP10=lookup=0.08,echo=0.05,niah_single_1=0.05,niah_multikey_2=0.08,niah_multikey_3=0.04,vt=0.04,fwe=0.04,chains=0.03,scbench_mf=0.03,scbench_prefix_suffix=0.03,scbench_vt=0.03
+# 10a mixes in scbench_kv8_echo rows (answers that first repeat the asked pair's text up to its value, as stage
+# 3's echo rows did for needles): 240 steps of scbench_kv8 alone left the probe at chance (docs/models.md).
 stage stage10a --init "$INIT10" --seed 30 --steps 600 --lr 1e-3 \
-  --curriculum 1024@0 --save-every 20 --mix "scbench_kv8=0.5,$KEEP10" --eval-limit 0
+  --curriculum 1024@0 --save-every 20 --mix "scbench_kv8=0.25,scbench_kv8_echo=0.25,$KEEP10" --eval-limit 0
 gate stage10a stage10b 8
 stage stage10b --init "$OUT/stage10a/final" --seed 31 --steps 400 --lr 1e-3 \
   --curriculum 1536@0 --save-every 20 --mix "scbench_kv16=0.4,scbench_kv8=0.1,$KEEP10" --eval-limit 0
