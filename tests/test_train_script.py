@@ -115,7 +115,7 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     _ship(repo, "tiny-trained", 4096)
     calls = _run(repo, "qwen3_next", from_scratch=False)
     assert _stages(calls) == TEN and "--init kvbench/builtin/tiny-trained " in calls[0]
-    assert "--mix scbench_kv8=0.5," in calls[0] and "--init models/tiny-trained/stage10a/final " in calls[1]
+    assert "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[0] and "--init models/tiny-trained/stage10a/final " in calls[1]
     assert "--export kvbench/builtin/tiny-trained" in calls[3] and calls[-1] == "calibrate tiny-trained"
 
 
