@@ -11,21 +11,17 @@ from pathlib import Path
 
 def write_atomic(path: Path | str, data: str | bytes) -> None:
     """Replace ``path`` by ``data`` (str: UTF-8) through a unique temporary file in the same directory, flushed
-    to disk before the rename; the parent directory is created if missing. On error the temporary file is removed
-    and the ``OSError`` propagates (``path`` is untouched)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    to disk before the rename (:func:`write_with`); the parent directory is created if missing. On error the
+    temporary file is removed and the ``OSError`` propagates (``path`` is untouched)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_with(path, write)
 
 
 def write_json(path: Path | str, obj: object, **dump_kwargs: object) -> None:
