@@ -14,7 +14,9 @@ A model that copies *a* UUID without matching the key spreads its mass over the 
 ``scripts/train_tiny.sh``'s stages 10b-10d).
 
 Usage: .venv/bin/python scripts/probe_kv.py MODEL_DIR [--pairs 8,16,51] [--rows 4] [--seed 42] [--first 4]
-       [--json OUT.json] [--require-top1 0.8] [--threads N]
+       [--json OUT.json] [--require-top1 0.8] [--threads N] [--key-chars N]
+``--key-chars N`` cuts every key to its first N hex characters (the ``scbench_kv8_short`` curriculum rows'
+keys, ``kvbench_training.shorten_kv_keys``), to probe the short-key stage on its own kind of row.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvbench.prompt import encode, render
 from kvbench.tasks.scbench import build_context
 from kvbench.tasks.scbench_generate import kv_row
 from kvbench_training import EVAL_SEED
+from kvbench_training.data import shorten_kv_keys
 
 
 def key_spans(tok, context_ids: list[int], keys: list[str]) -> list[list[int]]:
@@ -77,13 +80,16 @@ def probe_question(model, tok, ctx_out, question_ids, values, target, spans, fir
     return scores, heads, p1
 
 
-def probe(model, tok, pairs: int, rows: int, seed: int, first: int) -> dict:
-    """Every question of ``rows`` generated kv rows of ``pairs`` pairs: per-question numbers and summaries."""
+def probe(model, tok, pairs: int, rows: int, seed: int, first: int, key_chars: int | None = None) -> dict:
+    """Every question of ``rows`` generated kv rows of ``pairs`` pairs (keys cut to ``key_chars`` characters
+    when given): per-question numbers and summaries."""
     attn_layers = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
     questions = []
     head_sum: dict[int, dict[str, torch.Tensor]] = {}
     for index in range(rows):
         row = kv_row(seed, index, pairs)
+        if key_chars is not None:
+            row = shorten_kv_keys(row, key_chars)
         items = list(json.loads(row["context"].removeprefix("JSON data:\n")).items())
         keys, values = [k for k, _ in items], [v for _, v in items]
         ctx = build_context("kv", index, row, {}, source="generated")
@@ -174,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--require-top1", type=float, help="exit 3 when the top-1 rate is below this")
     ap.add_argument("--threads", type=int, help="torch intra-op threads")
+    ap.add_argument("--key-chars", type=int, help="cut every key to its first N characters (short-key rows)")
     args = ap.parse_args(argv)
     try:
         pairs = [int(p) for p in args.pairs.split(",")]
@@ -181,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--pairs {args.pairs!r}: expected comma-separated integers, e.g. 8,16,51")
     if args.rows < 1 or args.first < 1 or min(pairs) < 5:
         ap.error("--rows and --first must be at least 1 and every --pairs at least 5 (five questions a row)")
+    if args.key_chars is not None and args.key_chars < 1:
+        ap.error(f"--key-chars {args.key_chars}: give at least 1 (a key's first N characters)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (Path(args.model) / "config.json").is_file():
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
     model.eval()
-    results = [probe(model, tok, n, args.rows, args.seed, args.first) for n in pairs]
+    results = [probe(model, tok, n, args.rows, args.seed, args.first, args.key_chars) for n in pairs]
     print_table(args.model, results, args.first)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -117,3 +117,34 @@ def test_echo_rows_repeat_the_pairs_own_text_before_the_supervised_value():
         assert f'Key: "{keys[value]}"' in text
         assert f'<|im_start|>assistant\n"{keys[value]}": "{value}<|im_end|>' in text
         assert f'"{keys[value]}": "{value}"' in text  # the same text in the context
+
+
+def test_shorten_kv_keys_cuts_keys_everywhere_and_keeps_them_distinct():
+    row = {
+        "id": 0,
+        "context": "JSON data:\n" + json.dumps({"abcd1234": "v1", "abce5678": "v2", "ffff0000": "v3"}),
+        "multi_turns": [{"answer": "v2", "input": KV_INPUT.format(key="abce5678")}],
+    }
+    short = T.shorten_kv_keys(row, 2)  # "ab" would name two keys: every key keeps 4 characters ("abcd", "abce")
+    assert json.loads(short["context"].removeprefix("JSON data:\n")) == {"abcd": "v1", "abce": "v2", "ffff": "v3"}
+    assert short["multi_turns"] == [{"answer": "v2", "input": KV_INPUT.format(key="abce")}]
+    assert T.shorten_kv_keys(row, 6)["multi_turns"][0]["input"] == KV_INPUT.format(key="abce56")
+    assert row["multi_turns"][0]["input"] == KV_INPUT.format(key="abce5678")  # the input row is not changed
+
+
+def test_short_key_rows_ask_short_keys_and_answer_full_values():
+    tok = tokenizer()
+    for task in ("scbench_kv8_short", "scbench_kv8_short_echo"):
+        for ex_seed in range(T.TRAIN_SEED_BASE, T.TRAIN_SEED_BASE + 4):
+            ids, mask, refs = T.kv_curriculum_row(task, ex_seed, 768, tok)
+            text = tok.decode(ids)
+            pairs = json.loads(text[text.index("{") : text.index("}") + 1])
+            assert 4 <= len(pairs) <= 8 and all(4 <= len(k) <= 8 for k in pairs)
+            assert len({len(k) for k in pairs}) == 1  # one key length per row
+            full = json.loads(kv_row(ex_seed, 0, len(pairs))["context"].removeprefix("JSON data:\n"))
+            assert list(pairs.values()) == list(full.values())  # the generator's own values, in order
+            assert [k[: len(s)] for k, s in zip(full, pairs, strict=True)] == list(pairs)  # each key's prefix
+            asked = [q.split('"')[1] for q in text.split("Key: ")[1:]]
+            assert [pairs[k] for k in asked] == list(refs)
+            supervised = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+            assert supervised == "".join(f"{v}<|im_end|>" for v in refs)

@@ -12,6 +12,7 @@ rows are right-padded and the model is causal, so padding never influences real 
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Sequence
@@ -70,7 +71,13 @@ KV_CURRICULUM: dict[str, tuple[int, int]] = {
     "scbench_kv16": (9, 16),
     "scbench_kv32": (17, 32),
     "scbench_kv8_echo": (4, 8),  # the answer first repeats the pair's own text up to its value (see kv_curriculum_row)
+    # keys cut to their first 4-8 hex characters (one to a few tokens instead of a 36-character UUID; see
+    # shorten_kv_keys): the step between copying a value and matching a multi-token key
+    "scbench_kv8_short": (4, 8),
+    "scbench_kv8_short_echo": (4, 8),
 }
+#: the range of key lengths (hex characters) of the ``*_short`` curriculum rows
+SHORT_KEY_CHARS = (4, 8)
 #: Every task a mix may name.
 KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo", *SCBENCH_TASKS, *KV_CURRICULUM)
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
@@ -259,7 +266,9 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
 
     ``*_echo`` tasks (a stepping stone, as "echo" rows were for RULER's needles): each answer first repeats
     the asked pair's own context text up to its value, ``"KEY": "`` (unsupervised), then the value, so a
-    copying (induction) head that finds those tokens in the context can answer; the question is unchanged."""
+    copying (induction) head that finds those tokens in the context can answer; the question is unchanged.
+    ``*_short*`` tasks cut every key to its first :data:`SHORT_KEY_CHARS` hex characters (a length drawn
+    per row, see :func:`shorten_kv_keys`); values stay full UUIDs."""
     from kvbench.tasks.scbench_generate import TURNS, kv_row
 
     lo, hi = KV_CURRICULUM[task]
@@ -267,10 +276,13 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
     rng = random.Random(f"kvbench-kv-curriculum:{ex_seed}")
     order = list(range(hi))
     rng.shuffle(order)
+    key_chars = rng.randint(*SHORT_KEY_CHARS) if "_short" in task else None
     for pairs in range(rng.randint(lo, hi), lo - 1, -1):
         ask = [j for j in order if j < pairs][: min(TURNS, max(1, pairs - 1))]
         for n in range(len(ask), 0, -1):
             row = kv_row(ex_seed, 0, pairs, ask[:n])
+            if key_chars is not None:
+                row = shorten_kv_keys(row, key_chars)
             if echo:
                 parts = _kv_echo_parts("kv", row, tokenizer)
                 if len(parts[0]) <= length:
@@ -278,6 +290,28 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
             elif _scbench_size("kv", row, tokenizer) <= length:
                 return _scbench_parts("kv", row, tokenizer)
     return None
+
+
+def shorten_kv_keys(row: dict, chars: int) -> dict:
+    """A kv row (hub schema) with every key cut to its first ``chars`` characters, in the context and in the
+    questions; where two cut keys would coincide, all keys keep as many more characters as make them
+    distinct. Values and the wording are unchanged. Used by the ``*_short`` curriculum rows and by
+    ``scripts/probe_kv.py --key-chars``."""
+    from kvbench.tasks.scbench_generate import KV_INPUT
+
+    if chars < 1:
+        raise ValueError(f"chars must be at least 1, not {chars}")
+    items = list(json.loads(row["context"].removeprefix("JSON data:\n")).items())
+    keys = [k for k, _ in items]
+    while len({k[:chars] for k in keys}) < len(keys):
+        chars += 1
+    short = {k: k[:chars] for k in keys}
+    turns = []
+    for turn in row["multi_turns"]:
+        key = turn["input"].split('"')[1]
+        turns.append({**turn, "input": KV_INPUT.format(key=short[key])})
+    context = "JSON data:\n" + json.dumps({short[k]: v for k, v in items})
+    return {**row, "context": context, "multi_turns": turns}
 
 
 def _kv_echo_parts(name: str, row: dict, tokenizer) -> RowParts:
