@@ -1,12 +1,27 @@
-"""Crash-safe file writes: a reader sees the old file or the new one, never a part of either."""
+"""Crash-safe writes: a reader sees the old file (or folder) or the new one, never a part of either.
+
+This module is the one place in kvbench that renames a temporary path onto its destination; every other
+module writes through it (``tests/test_atomic_only.py`` checks). One function per kind of write:
+
+- :func:`write_atomic`: bytes or text already in memory;
+- :func:`write_json`: an object as JSON;
+- :func:`write_with`: a writer that takes a path (a streaming writer, ``safetensors`` ``save_file``, a
+  compiler's ``-o``);
+- :func:`write_dir`: a folder filled by a writer (``save_pretrained``, checkpoints);
+- :func:`move_into_place`: a temporary file whose life spans more than one call (a resumable download's
+  ``.part``), published once it is complete.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+__all__ = ["move_into_place", "write_atomic", "write_dir", "write_json", "write_with"]
 
 
 def write_atomic(path: Path | str, data: str | bytes) -> None:
@@ -29,10 +44,11 @@ def write_json(path: Path | str, obj: object, **dump_kwargs: object) -> None:
     write_atomic(path, json.dumps(obj, **dump_kwargs))
 
 
-def write_with(path: Path | str, writer: Callable[[Path], None]) -> None:
+def write_with(path: Path | str, writer: Callable[[Path], None], mode: int = 0o644) -> None:
     """Replace ``path`` by what ``writer(tmp)`` writes to a same-directory temporary path (for writers that
-    take a path, such as safetensors ``save_file`` or ``torch.save``). On error the temporary file is removed
-    and the exception propagates (``path`` is untouched)."""
+    take a path, such as safetensors ``save_file``, ``torch.save`` or a compiler's ``-o``); the parent
+    directory is created if missing and the file gets permission bits ``mode`` (0o755 for a shared library).
+    On error the temporary file is removed and the exception propagates (``path`` is untouched)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -40,8 +56,57 @@ def write_with(path: Path | str, writer: Callable[[Path], None]) -> None:
     tmp = Path(name)
     try:
         writer(tmp)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_dir(path: Path | str, writer: Callable[[Path], None], overwrite: bool = True) -> bool:
+    """Make ``path`` the folder ``writer(tmp)`` fills, ``tmp`` being a fresh, empty same-directory folder
+    (permission bits 0o755). An existing ``path`` is replaced (``overwrite``: it is moved aside, the new
+    folder renamed in, then the old one removed, so ``path`` is always whole) or, with ``overwrite=False``,
+    kept and the new folder discarded (for a build that any process may do once; the first one wins).
+    On error the temporary folder is removed, ``path`` is as it was and the exception propagates. Returns
+    whether ``path`` now holds what ``writer`` wrote."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        writer(tmp)
+        os.chmod(tmp, 0o755)
+        return _swap_in(tmp, path, overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, path: Path, overwrite: bool) -> bool:
+    """Rename the folder ``tmp`` onto ``path`` (see :func:`write_dir`); False where ``path`` is kept."""
+    if not path.exists():
+        try:
+            os.replace(tmp, path)
+            return True
+        except OSError:
+            if not path.exists():  # not a lost race against another writer: a real error
+                raise
+    if not overwrite:
+        return False
+    old = tmp.with_name(tmp.name.removesuffix(".tmp") + ".old")
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+def move_into_place(tmp: Path | str, path: Path | str) -> None:
+    """Publish the finished file ``tmp`` (a same-directory temporary file that outlives one call, such as a
+    resumable download's ``.part``) as ``path`` in one step, after flushing it to disk. For a file written
+    in one go, use :func:`write_with` instead."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

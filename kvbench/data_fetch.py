@@ -37,6 +37,7 @@ from typing import Optional
 
 import typer
 
+from kvbench.atomic import move_into_place, write_atomic, write_json
 from kvbench.errors import KvbenchError
 
 #: RULER's commit whose essay URL list is fetched.
@@ -184,7 +185,7 @@ def download(url: str, dest: Path, progress=None, task=None, sha256: str | None 
     if sha256 is not None and digest != sha256:
         part.unlink()
         raise KvbenchError(f"{url} gave sha256 {digest}, not the published {sha256}; nothing was kept, rerun later")
-    os.replace(part, dest)
+    move_into_place(part, dest)
     return digest
 
 
@@ -259,19 +260,13 @@ def fetch_essays(root: Path, progress, say) -> tuple[int, int]:
                 failed += 1
                 progress.advance(task)
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            part = path.with_name(path.name + ".part")
-            part.write_text(essay_text(raw) if html else raw, encoding="utf-8")
-            os.replace(part, path)
+            write_atomic(path, essay_text(raw) if html else raw)
         progress.advance(task)
     files = sorted((work / "repo").glob("*.txt")) + sorted((work / "html").glob("*.txt"))
     if not files:
         raise KvbenchError(f"no essay of {list_url} could be fetched; rerun the command later")
     text = "".join(p.read_text(encoding="utf-8") for p in files)
-    dest = root / "ruler" / "PaulGrahamEssays.json"
-    part = dest.with_name(dest.name + ".part")
-    part.write_text(json.dumps({"text": text}), encoding="utf-8")
-    os.replace(part, dest)
+    write_json(root / "ruler" / "PaulGrahamEssays.json", {"text": text})
     for p in files:
         p.unlink()
     for d in (work / "repo", work / "html", work):
@@ -336,11 +331,7 @@ def _record(root: Path) -> dict:
 
 
 def _save_record(root: Path, record: dict) -> None:
-    path = root / RECORD
-    part = path.with_name(path.name + ".part")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(part, path)
+    write_atomic(root / RECORD, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def fetch(what: What, root: Path, console) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,7 +18,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
-from kvbench.atomic import write_atomic
+from kvbench.atomic import write_atomic, write_dir
 from kvbench.cache import cache_dir
 from kvbench.engines.attention import register_attention
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
@@ -193,12 +192,14 @@ def materialize_builtin(name: str) -> Path:
     path = cache_dir() / "models" / f"{name}-{BUILTIN_VERSION}"
     if (path / "kvbench_builtin.json").exists():
         return path
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model = build_random(spec.config(), spec.seed)
-    model.save_pretrained(tmp)
-    byte_tokenizer().save_pretrained(tmp)
-    (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
-    tmp.rename(path) if not path.exists() else None
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        byte_tokenizer().save_pretrained(tmp)
+        (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
+
+    write_dir(path, write, overwrite=False)  # another process may have built it meanwhile: the first one wins
     return path
 
 

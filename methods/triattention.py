@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvbench.artifacts import META_KEY, check_fingerprint, find_calibration, read_artifact
+from kvbench.atomic import write_atomic
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -234,14 +235,9 @@ def _serialize(stats: TriAttentionStats) -> bytes:
 def save_stats(stats: TriAttentionStats, path: str | os.PathLike) -> Path:
     """Atomically write the statistics to ``path`` and the metadata to ``path`` with suffix ``.json``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = _metadata(stats)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(_serialize(stats))
-    side_tmp = _sidecar(path).with_name(_sidecar(path).name + f".tmp{os.getpid()}")
-    side_tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    os.replace(side_tmp, _sidecar(path))
+    data, meta = _serialize(stats), _metadata(stats)
+    write_atomic(path, data)
+    write_atomic(_sidecar(path), json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -69,13 +69,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from kvbench.atomic import write_json
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
+from kvbench.task_cache import TaskDataCache
 from kvbench.tasks import Bench, Context, PromptLength, Question, register_bench
 from kvbench.tasks.ruler_data import TASKS
 from kvbench.tasks.ruler_official import official_items
@@ -262,37 +261,26 @@ def _from_json(d: dict) -> Context:
     )
 
 
-class _Cache:
-    def __init__(self, directory: Path, key: dict):
-        self.key = key
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        self.path = Path(directory) / f"{key['bench']}-{key['task']}-{key['length']}-{digest}.json"
+def _cache(directory: Path, key: dict) -> TaskDataCache:
+    """The cache file of one generation: ``{"key": key, "contexts": [...]}`` as JSON."""
+    return TaskDataCache(directory, key, f"{key['bench']}-{key['task']}-{key['length']}", ".json", "RULER")
 
-    def load(self, count: int, length: int, prompt_length: PromptLength) -> list[Context] | None:
-        """The cached contexts if the entry matches and every item still measures the same."""
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-            if data.get("key") != self.key:
-                return None
-            items = [_from_json(d) for d in data["contexts"]]
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None  # unreadable or corrupt: regenerate
-        if len(items) != count:
-            return None
-        for ctx in items:
-            tokens = prompt_length(ctx)
-            if tokens != ctx.meta.get("prompt_tokens") or tokens + ctx.questions[0].max_new_tokens > length:
-                return None
-        return items
 
-    def store(self, items: list[Context]) -> None:
-        try:
-            write_json(self.path, {"key": self.key, "contexts": [_to_json(c) for c in items]})
-        except OSError as exc:
-            warnings.warn(f"kvbench: could not write the RULER cache {self.path}: {exc}", stacklevel=2)
+def _load_cached(cache: TaskDataCache, count: int, length: int, prompt_length: PromptLength) -> list[Context] | None:
+    """The cached contexts if the entry matches and every item still measures the same (None: regenerate)."""
+
+    def decode(text: str) -> list[Context] | None:
+        data = json.loads(text)
+        return [_from_json(d) for d in data["contexts"]] if data.get("key") == cache.key else None
+
+    items = cache.load(decode)
+    if items is None or len(items) != count:
+        return None
+    for ctx in items:
+        tokens = prompt_length(ctx)
+        if tokens != ctx.meta.get("prompt_tokens") or tokens + ctx.questions[0].max_new_tokens > length:
+            return None
+    return items
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,10 +329,12 @@ class RulerBench(Bench):
             "data": list(file_id(data_path(task))[1:]) if task in DATA_FILES else [],
             "tokenizer": tokenizer_fingerprint(prompt_length),
         }
-        return self._cached(_Cache(Path(self.cache_dir), key), gen, length, count, prompt_length)
+        return self._cached(_cache(Path(self.cache_dir), key), gen, length, count, prompt_length)
 
-    def _cached(self, cache: _Cache, gen: RulerTask, length: int, count: int, prompt_length) -> Iterator[Context]:
-        items = cache.load(count, length, prompt_length)
+    def _cached(
+        self, cache: TaskDataCache, gen: RulerTask, length: int, count: int, prompt_length
+    ) -> Iterator[Context]:
+        items = _load_cached(cache, count, length, prompt_length)
         if items is not None:
             yield from items
             return
@@ -352,4 +342,4 @@ class RulerBench(Bench):
         for ctx in _generate(gen, length, count, prompt_length, self.sampling):
             items.append(ctx)
             yield ctx
-        cache.store(items)
+        cache.store(json.dumps({"key": cache.key, "contexts": [_to_json(c) for c in items]}))

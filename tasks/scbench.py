@@ -61,19 +61,17 @@ repoqa turns); ``summary_with_needles`` turns add ``task`` in {``scbench_summary
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvbench.atomic import write_atomic
 from kvbench.errors import KvbenchError, MissingDataError
 from kvbench.scorers.scbench import choice_references, scorer_names
 from kvbench.scorers.scbench_repoqa import LANGUAGES, repoqa_references
+from kvbench.task_cache import TaskDataCache
 from kvbench.tasks import Bench, Context, PromptLength, Question, register_bench
 
 __all__ = [
@@ -419,28 +417,24 @@ def row_measure(tokenizer, task: str) -> Callable[[dict], int]:
     return measure
 
 
-class _RowCache:
+def _row_cache(directory: Path, key: dict) -> TaskDataCache:
     """Generated rows of one (task, length, seed, generator version, tokenizer) in one jsonl file under
-    ``directory``; rows are re-measured on load, and a file that is unreadable, corrupt or whose rows no
-    longer fit is regenerated (written atomically: temp file + rename)."""
+    ``directory`` (:func:`_load_rows`, :func:`_rows_text`)."""
+    return TaskDataCache(directory, key, f"{key['task']}-{key['length']}", ".jsonl", "SCBench")
 
-    def __init__(self, directory: Path, key: dict) -> None:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        self.path = Path(directory) / f"{key['task']}-{key['length']}-{digest}.jsonl"
 
-    def load(self, length: int, measure: Callable[[dict], int]) -> list[dict]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-        except (OSError, ValueError):
-            return []
-        return rows if all(isinstance(r, dict) and measure(r) <= length for r in rows) else []
+def _load_rows(cache: TaskDataCache, length: int, measure: Callable[[dict], int]) -> list[dict]:
+    """The cached rows, re-measured; none (regenerate) where the file is missing, unreadable, corrupt or
+    its rows no longer fit ``length``."""
+    rows = cache.load(lambda text: [json.loads(line) for line in text.split("\n") if line.strip()])
+    if rows is None:
+        return []
+    return rows if all(isinstance(r, dict) and measure(r) <= length for r in rows) else []
 
-    def store(self, rows: list[dict]) -> None:
-        try:
-            write_atomic(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        except OSError as exc:
-            warnings.warn(f"kvbench: could not write the SCBench cache {self.path}: {exc}", stacklevel=2)
+
+def _rows_text(rows: list[dict]) -> str:
+    """The cache file's text: one JSON row a line."""
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 @register_bench
@@ -559,15 +553,15 @@ class SCBenchBench(Bench):
         if self.cache_dir is not None:
             key = {"version": GENERATOR_VERSION, "task": task, "length": length, "seed": seed,
                    "tokenizer": tokenizer_fingerprint(prompt_length)}  # fmt: skip
-            cache = _RowCache(Path(self.cache_dir), key)
-            rows = cache.load(length, measure)
+            cache = _row_cache(Path(self.cache_dir), key)
+            rows = _load_rows(cache, length, measure)
         fresh = False
         for index in range(limit):
             if index >= len(rows):
                 rows.append(generate_row(task, index, length=length, seed=seed, measure=measure))
                 fresh = True
                 if cache is not None and (index + 1) % 8 == 0:
-                    cache.store(rows)
+                    cache.store(_rows_text(rows))
             yield build_context(task, index, rows[index], {}, bench=self.name, max_turns=max_turns, source="generated")
         if cache is not None and fresh:
-            cache.store(rows)
+            cache.store(_rows_text(rows))

@@ -72,7 +72,6 @@ numbers' range and the parquet column order.
 from __future__ import annotations
 
 import json
-import os
 import random
 import string
 import uuid
@@ -80,6 +79,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from kvbench.atomic import write_with
 from kvbench.errors import KvbenchError, TooShortError
 from kvbench.tasks.ruler_data import NOISE, VT
 
@@ -456,9 +456,8 @@ def write_hub_layout(task: str, rows: Iterable[dict], out_dir: Path) -> Path:
     schema = hub_schema(task)
     path = Path(out_dir) / HUB_FILE.format(task=task)
     created = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with pq.ParquetWriter(tmp, schema) as writer:
             batch: list[dict] = []
             for row in rows:
@@ -467,9 +466,10 @@ def write_hub_layout(task: str, rows: Iterable[dict], out_dir: Path) -> Path:
                     writer.write_table(pa.Table.from_pylist(batch, schema=schema))
                     batch = []
             writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-        os.replace(tmp, path)
+
+    try:
+        write_with(path, write)
     except BaseException:
-        tmp.unlink(missing_ok=True)
         for folder in created:  # innermost first
             try:
                 folder.rmdir()

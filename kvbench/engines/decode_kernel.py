@@ -32,13 +32,13 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from kvbench.atomic import write_with
 from kvbench.cache import cache_dir
 
 __all__ = ["DecodeJobs", "applies", "available", "decode_attention", "decode_step", "gdn_step", "status"]
@@ -88,17 +88,13 @@ def _build(cc: str, flags: Sequence[str] = FLAGS) -> Path:
     target = out_dir / f"decode_attention-{key}.so"
     if target.exists():
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+
+    def compile_to(tmp: Path) -> None:
+        done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)  # atomic: concurrent builders each write their own file, one wins
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_with(target, compile_to, mode=0o755)  # concurrent builders each write their own file, one wins
     return target
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from kvbench.artifacts import META_KEY, check_fingerprint, read_artifact
+from kvbench.atomic import write_dir
 from kvbench.errors import KvbenchError
 
 from .features import feature_dims, layer_features
@@ -196,19 +196,12 @@ def save_artifact(est: GateSightEstimator, path: str | os.PathLike) -> Path:
         "log(1+n-i)/log(1+n) with i = position + 1",
         "gate_means": [float(x) for x in est.gate_means.tolist()],
     }
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(_tensors(est), str(tmp / WEIGHTS_FILE), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    if path.exists():
-        old = path.with_name(path.name + f".old{os.getpid()}")
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        save_file(_tensors(est), str(tmp / WEIGHTS_FILE), metadata={META_KEY: json.dumps(meta, sort_keys=True)})
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    write_dir(path, write)
     est.metadata = meta
     return path
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.atomic import write_dir
 from kvbench_training.card import model_card
 from kvbench_training.data import EVAL_SEED
 from kvbench_training.model import SHIPPED_MAX_POSITIONS, load_trained
@@ -40,17 +41,16 @@ def export_builtin(
     marker = json.loads((final_dir / "kvbench_builtin.json").read_text())
     log = json.loads((final_dir / "training_log.json").read_text())
     args = json.loads((final_dir / "training_args.json").read_text())
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "kvbench_builtin.json").write_text(json.dumps(marker))
-    for name in TRAINING_RECORD:
-        shutil.copy(final_dir / name, tmp / name)
-    (tmp / "MODEL_CARD.md").write_text(model_card(model, tokenizer, args, log, evaluation or {}, note))
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker))
+        for name in TRAINING_RECORD:
+            shutil.copy(final_dir / name, tmp / name)
+        (tmp / "MODEL_CARD.md").write_text(model_card(model, tokenizer, args, log, evaluation or {}, note))
+
+    write_dir(dest, write)
     return dest
 
 

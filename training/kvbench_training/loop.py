@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kvbench.atomic import write_dir
 from kvbench.errors import KvbenchError
 from kvbench_training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
 from kvbench_training.model import (
@@ -229,9 +229,6 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.AdamW:
 
 def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
     """Write ``path`` (beside it first, then renamed): model, tokenizer and ``trainer_state.pt``."""
-    tmp = path.with_name(path.name + ".tmp")
-    run.model.save_pretrained(tmp)
-    run.tokenizer.save_pretrained(tmp)
     state = {
         "step": step,
         "optimizer": run.optimizer.state_dict(),
@@ -240,10 +237,13 @@ def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
         "args": asdict(args),
         "log": run.log,
     }
-    torch.save(state, tmp / "trainer_state.pt")
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
+
+    def write(tmp: Path) -> None:
+        run.model.save_pretrained(tmp)
+        run.tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / "trainer_state.pt")
+
+    write_dir(path, write)
 
 
 def save_final(path: str | Path, model, tokenizer, args: TrainArgs, log: list[dict]) -> Path:
