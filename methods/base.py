@@ -134,18 +134,16 @@ class EvictionMethod(ABC):
         raise KvbenchError(f"method {self.name} is query-agnostic: it scores once per context with score()")
 
     def gate_means(self, parent: ParentSession) -> list[float]:
-        """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
+        """Per-layer weights for an allocation that needs them (``gate``, or any allocation declaring
+        ``needs_gate_means``); the parent's measured gate means by default."""
         return parent.gate_means()
 
     def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
-        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
-        n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
-        k = budgets.per_head_budget(n, prot, p)
-        if allocation == "global":
-            return budgets.select_global(scores, budgets.total_budget(n, prot, p, L, H), prot)
-        weights = self.gate_means(parent) if allocation == "gate" else None
-        counts = budgets.layer_counts(allocation, k, L, n - prot, weights)
-        return budgets.select_per_head(scores, counts, prot)
+        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``: the registered
+        :class:`~kvbench.budgets.Allocation` selects, given :meth:`gate_means` when it declares it needs them."""
+        chosen = budgets.get_allocation(allocation)
+        weights = self.gate_means(parent) if chosen.needs_gate_means else None
+        return chosen.select(scores, parent.n, parent.prot, p, weights)
 
 
 class QueryAwareMethod(EvictionMethod):
