@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.artifacts import META_KEY, check_fingerprint, find_calibration, read_artifact
+from kvbench.artifacts import META_KEY, ReadOnce, check_fingerprint, find_calibration, read_artifact
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -502,7 +502,7 @@ class TriAttention(EvictionMethod):
         if fingerprint is not None:
             self.fingerprint = fingerprint
         self.stats = stats
-        self._cache: tuple[tuple, TriAttentionStats] | None = None
+        self._cache: ReadOnce[TriAttentionStats] = ReadOnce(load_stats)
 
     @classmethod
     def calibrate(
@@ -556,10 +556,7 @@ class TriAttention(EvictionMethod):
             )  # fmt: skip
             return self.stats
         path = self._stats_path(fingerprint)
-        key = (str(path), fingerprint)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, load_stats(path, fingerprint))
-        return self._cache[1]
+        return self._cache.get(path, fingerprint)
 
     def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
         """The SHA-256 of the statistics file this instance scores that model with (read here, once); for

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.artifacts import find_calibration
+from kvbench.artifacts import ReadOnce, find_calibration
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -48,7 +48,7 @@ class GateSight(EvictionMethod):
             self.artifact = artifact
         if fingerprint is not None:
             self.fingerprint = fingerprint
-        self._cache: tuple[tuple, GateSightEstimator] | None = None
+        self._cache: ReadOnce[GateSightEstimator] = ReadOnce(load_artifact)
 
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
         """Where the artifact for ``parent``'s model is read (the lookup order of the class docstring)."""
@@ -70,10 +70,7 @@ class GateSight(EvictionMethod):
     def _estimator(self, fingerprint: str | None) -> GateSightEstimator:
         """The artifact for that fingerprint, read once per path and fingerprint (fingerprint-checked)."""
         path = self._artifact_path(fingerprint)
-        key = (str(path), fingerprint)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, load_artifact(path, fingerprint))
-        return self._cache[1]
+        return self._cache.get(path, fingerprint)
 
     def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
         """The SHA-256 of the estimator weights file this instance scores that model with (read here, once)."""
