@@ -84,6 +84,26 @@ class EvictionMethod(ABC):
         return ""
 
     @classmethod
+    def prepare_offline(
+        cls, model: torch.nn.Module, tokenizer: object, workdir: Path, *, seed: int = 0
+    ) -> EvictionMethod:
+        """An instance that scores ``model`` (a causal LM, with ``tokenizer``) with nothing prepared beforehand:
+        how a test or an offline check gets the method with its artifacts. The invariant suite
+        (``tests/test_methods_invariants.py``) scores every registered method through this.
+
+        The base returns ``cls(seed=seed)``. A method that scores with an offline artifact (it overrides
+        :meth:`artifact_sha256`) overrides this too: it makes a small artifact for ``model`` with its own
+        calibration or training code (a few short documents; any file under ``workdir``, an existing directory
+        that outlives the instance) and returns an instance scoring with it. Without the override, such a
+        method is a :class:`KvbenchError` here, not a method that silently scores without its artifact."""
+        if cls.artifact_sha256 is not EvictionMethod.artifact_sha256:
+            raise KvbenchError(
+                f"method {cls.name or cls.__name__} scores with an offline artifact: override prepare_offline to make "
+                "one for a given model, so offline checks can run it"
+            )
+        return cls(seed=seed)
+
+    @classmethod
     def has_calibration(cls) -> bool:
         """Whether the method overrides :meth:`calibrate` (``kvbench calibrate`` accepts it)."""
         return cls.calibrate.__func__ is not EvictionMethod.calibrate.__func__  # type: ignore[attr-defined]

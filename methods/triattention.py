@@ -518,6 +518,13 @@ class TriAttention(EvictionMethod):
         return stats.save_stats(out or default_stats_path(lm.fingerprint))
 
     @classmethod
+    def prepare_offline(cls, model: torch.nn.Module, tokenizer, workdir: Path, *, seed: int = 0) -> TriAttention:
+        """Statistics calibrated in memory (:func:`calibrate`, nothing written) on two synthetic documents of
+        300 letters each: an instance for offline checks on a small model."""
+        texts = ["".join(chr(97 + (i * 7 + j) % 26) for j in range(300)) for i in range(2)]
+        return cls(seed=seed, stats=calibrate(model, tokenizer, texts))
+
+    @classmethod
     def describe_calibration(cls, path: Path) -> str:
         """The documents and tokens the statistics at ``path`` came from, and the length each was cut to (from
         the ``.json`` sidecar)."""

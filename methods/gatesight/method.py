@@ -50,6 +50,29 @@ class GateSight(EvictionMethod):
             self.fingerprint = fingerprint
         self._cache: ReadOnce[GateSightEstimator] = ReadOnce(load_artifact)
 
+    @classmethod
+    def prepare_offline(cls, model: torch.nn.Module, tokenizer, workdir: Path, *, seed: int = 0) -> GateSight:
+        """An estimator labelled and trained (one epoch) on two short documents of ``model``, saved under
+        ``workdir`` (``labels/``, ``artifact``): an instance for offline checks on a small model."""
+        from kvbench.corpus import Document
+        from kvbench.models import fingerprint
+
+        from .estimator import save_artifact
+        from .labels import label_corpus, load_labels
+        from .train import TrainConfig, train_from_labels
+        from .utility import LabelConfig
+
+        docs = [
+            Document("a", "d0", "alpha = 12; beta = 34; gamma = 56; delta = 78;"),
+            Document("b", "d1", "kappa = 90; zeta = 11; omega = 23; sigma = 45;"),
+        ]
+        fp = fingerprint(model, tokenizer)
+        config = LabelConfig(m=2, max_new_tokens=4)
+        label_corpus(model, tokenizer, docs, workdir / "labels", config, fingerprint=fp, progress=False)
+        estimator = train_from_labels(load_labels(workdir / "labels"), TrainConfig(epochs=1, batch_size=16))
+        save_artifact(estimator, workdir / "artifact")
+        return cls(seed=seed, artifact=workdir / "artifact", fingerprint=fp)
+
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
         """Where the artifact for ``parent``'s model is read (the lookup order of the class docstring)."""
         return self._artifact_path(self.model_fingerprint(parent))
