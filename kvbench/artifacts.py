@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
 from kvbench.errors import KvbenchError
 
 META_KEY = "kvbench"
+T = TypeVar("T")
 #: Calibration artifacts shipped with kvbench for its built-in trained models (same layout as the cache).
 SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "builtin" / "calibration"
 
@@ -80,3 +83,22 @@ def check_fingerprint(got: str, expected: str | None, *, what: str, fix: str) ->
             f"the {what} was made for model fingerprint {got[:16]}…, but this model has fingerprint "
             f"{expected[:16]}…; make one for this model with `{fix}`"
         )
+
+
+class ReadOnce(Generic[T]):
+    """A method instance's artifact, read once: ``get(path, fingerprint)`` calls ``read(path, fingerprint)`` on
+    first use and again only when the path or the expected model fingerprint changes, so an instance scores with
+    the very bytes whose digest its rows record (``artifact_sha256``). A failed read leaves it unchanged."""
+
+    def __init__(self, read: Callable[[Path, str | None], T]) -> None:
+        self._read = read
+        self._key: tuple[str, str | None] | None = None
+        self._value: T | None = None
+
+    def get(self, path: Path, fingerprint: str | None) -> T:
+        """The artifact at ``path`` for the model of ``fingerprint`` (None: unchecked), read at most once per key."""
+        key = (str(path), fingerprint)
+        if self._key != key:
+            self._value = self._read(path, fingerprint)
+            self._key = key
+        return self._value  # type: ignore[return-value]

@@ -84,6 +84,26 @@ class EvictionMethod(ABC):
         return ""
 
     @classmethod
+    def prepare_offline(
+        cls, model: torch.nn.Module, tokenizer: object, workdir: Path, *, seed: int = 0
+    ) -> EvictionMethod:
+        """An instance that scores ``model`` (a causal LM, with ``tokenizer``) with nothing prepared beforehand:
+        how a test or an offline check gets the method with its artifacts. The invariant suite
+        (``tests/test_methods_invariants.py``) scores every registered method through this.
+
+        The base returns ``cls(seed=seed)``. A method that scores with an offline artifact (it overrides
+        :meth:`artifact_sha256`) overrides this too: it makes a small artifact for ``model`` with its own
+        calibration or training code (a few short documents; any file under ``workdir``, an existing directory
+        that outlives the instance) and returns an instance scoring with it. Without the override, such a
+        method is a :class:`KvbenchError` here, not a method that silently scores without its artifact."""
+        if cls.artifact_sha256 is not EvictionMethod.artifact_sha256:
+            raise KvbenchError(
+                f"method {cls.name or cls.__name__} scores with an offline artifact: override prepare_offline to make "
+                "one for a given model, so offline checks can run it"
+            )
+        return cls(seed=seed)
+
+    @classmethod
     def has_calibration(cls) -> bool:
         """Whether the method overrides :meth:`calibrate` (``kvbench calibrate`` accepts it)."""
         return cls.calibrate.__func__ is not EvictionMethod.calibrate.__func__  # type: ignore[attr-defined]
@@ -134,18 +154,16 @@ class EvictionMethod(ABC):
         raise KvbenchError(f"method {self.name} is query-agnostic: it scores once per context with score()")
 
     def gate_means(self, parent: ParentSession) -> list[float]:
-        """Per-layer weights of the ``gate`` allocation; the parent's measured gate means by default."""
+        """Per-layer weights for an allocation that needs them (``gate``, or any allocation declaring
+        ``needs_gate_means``); the parent's measured gate means by default."""
         return parent.gate_means()
 
     def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
-        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``."""
-        n, prot, L, H = parent.n, parent.prot, parent.n_attn_layers, parent.n_kv_heads
-        k = budgets.per_head_budget(n, prot, p)
-        if allocation == "global":
-            return budgets.select_global(scores, budgets.total_budget(n, prot, p, L, H), prot)
-        weights = self.gate_means(parent) if allocation == "gate" else None
-        counts = budgets.layer_counts(allocation, k, L, n - prot, weights)
-        return budgets.select_per_head(scores, counts, prot)
+        """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``: the registered
+        :class:`~kvbench.budgets.Allocation` selects, given :meth:`gate_means` when it declares it needs them."""
+        chosen = budgets.get_allocation(allocation)
+        weights = self.gate_means(parent) if chosen.needs_gate_means else None
+        return chosen.select(scores, parent.n, parent.prot, p, weights)
 
 
 class QueryAwareMethod(EvictionMethod):

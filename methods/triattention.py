@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.artifacts import META_KEY, check_fingerprint, find_calibration, read_artifact
+from kvbench.artifacts import META_KEY, ReadOnce, check_fingerprint, find_calibration, read_artifact
 from kvbench.atomic import write_atomic
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
@@ -498,7 +498,7 @@ class TriAttention(EvictionMethod):
         if fingerprint is not None:
             self.fingerprint = fingerprint
         self.stats = stats
-        self._cache: tuple[tuple, TriAttentionStats] | None = None
+        self._cache: ReadOnce[TriAttentionStats] = ReadOnce(load_stats)
 
     @classmethod
     def calibrate(
@@ -512,6 +512,13 @@ class TriAttention(EvictionMethod):
             lm.model, lm.tokenizer, texts, max_tokens=max_tokens, max_len=lm.context_length, fingerprint=lm.fingerprint
         )
         return stats.save_stats(out or default_stats_path(lm.fingerprint))
+
+    @classmethod
+    def prepare_offline(cls, model: torch.nn.Module, tokenizer, workdir: Path, *, seed: int = 0) -> TriAttention:
+        """Statistics calibrated in memory (:func:`calibrate`, nothing written) on two synthetic documents of
+        300 letters each: an instance for offline checks on a small model."""
+        texts = ["".join(chr(97 + (i * 7 + j) % 26) for j in range(300)) for i in range(2)]
+        return cls(seed=seed, stats=calibrate(model, tokenizer, texts))
 
     @classmethod
     def describe_calibration(cls, path: Path) -> str:
@@ -552,10 +559,7 @@ class TriAttention(EvictionMethod):
             )  # fmt: skip
             return self.stats
         path = self._stats_path(fingerprint)
-        key = (str(path), fingerprint)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, load_stats(path, fingerprint))
-        return self._cache[1]
+        return self._cache.get(path, fingerprint)
 
     def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
         """The SHA-256 of the statistics file this instance scores that model with (read here, once); for

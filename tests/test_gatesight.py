@@ -52,38 +52,6 @@ from tests.conftest import tiny_model
 TINY_ATTN = [3, 7, 11]
 
 
-def trained_method(model, tok, *, epochs: int = 1):
-    """A ``gatesight`` method whose estimator is labelled and trained on two short documents of ``model`` (for
-    suites that need a working GateSight on a tiny model). The artifact lives in a temporary directory."""
-    import atexit
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from kvbench.corpus import Document
-    from kvbench.methods.gatesight.labels import label_corpus, load_labels
-    from kvbench.methods.gatesight.method import GateSight
-    from kvbench.methods.gatesight.train import train_from_labels
-
-    root = Path(tempfile.mkdtemp(prefix="kvbench-gatesight-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    docs = [
-        Document("a", "d0", "alpha = 12; beta = 34; gamma = 56; delta = 78;"),
-        Document("b", "d1", "kappa = 90; zeta = 11; omega = 23; sigma = 45;"),
-    ]
-    fp = fingerprint(model, tok)
-    config = LabelConfig(m=2, max_new_tokens=4)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # many small ops: on a loaded 2-core box two threads are ~40x slower
-    try:
-        label_corpus(model, tok, docs, root / "labels", config, fingerprint=fp, progress=False)
-        est = train_from_labels(load_labels(root / "labels"), TrainConfig(epochs=epochs, batch_size=16))
-    finally:
-        torch.set_num_threads(threads)
-    save_artifact(est, root / "artifact")
-    return GateSight(artifact=root / "artifact", fingerprint=fp)
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_GDN = [0, 1, 2, 4, 5, 6, 8, 9, 10]
 

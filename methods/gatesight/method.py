@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.artifacts import find_calibration
+from kvbench.artifacts import ReadOnce, find_calibration
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -48,7 +48,30 @@ class GateSight(EvictionMethod):
             self.artifact = artifact
         if fingerprint is not None:
             self.fingerprint = fingerprint
-        self._cache: tuple[tuple, GateSightEstimator] | None = None
+        self._cache: ReadOnce[GateSightEstimator] = ReadOnce(load_artifact)
+
+    @classmethod
+    def prepare_offline(cls, model: torch.nn.Module, tokenizer, workdir: Path, *, seed: int = 0) -> GateSight:
+        """An estimator labelled and trained (one epoch) on two short documents of ``model``, saved under
+        ``workdir`` (``labels/``, ``artifact``): an instance for offline checks on a small model."""
+        from kvbench.corpus import Document
+        from kvbench.models import fingerprint
+
+        from .estimator import save_artifact
+        from .labels import label_corpus, load_labels
+        from .train import TrainConfig, train_from_labels
+        from .utility import LabelConfig
+
+        docs = [
+            Document("a", "d0", "alpha = 12; beta = 34; gamma = 56; delta = 78;"),
+            Document("b", "d1", "kappa = 90; zeta = 11; omega = 23; sigma = 45;"),
+        ]
+        fp = fingerprint(model, tokenizer)
+        config = LabelConfig(m=2, max_new_tokens=4)
+        label_corpus(model, tokenizer, docs, workdir / "labels", config, fingerprint=fp, progress=False)
+        estimator = train_from_labels(load_labels(workdir / "labels"), TrainConfig(epochs=1, batch_size=16))
+        save_artifact(estimator, workdir / "artifact")
+        return cls(seed=seed, artifact=workdir / "artifact", fingerprint=fp)
 
     def resolve_artifact(self, parent: ParentSession | None = None) -> Path:
         """Where the artifact for ``parent``'s model is read (the lookup order of the class docstring)."""
@@ -70,10 +93,7 @@ class GateSight(EvictionMethod):
     def _estimator(self, fingerprint: str | None) -> GateSightEstimator:
         """The artifact for that fingerprint, read once per path and fingerprint (fingerprint-checked)."""
         path = self._artifact_path(fingerprint)
-        key = (str(path), fingerprint)
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, load_artifact(path, fingerprint))
-        return self._cache[1]
+        return self._cache.get(path, fingerprint)
 
     def artifact_sha256(self, model_fingerprint: str | None) -> str | None:
         """The SHA-256 of the estimator weights file this instance scores that model with (read here, once)."""
