@@ -32,6 +32,7 @@ from kvbench.models import LoadedModel, load_model, max_positions
 from kvbench.prompt import Rendered, render
 from kvbench.results import ResultsStore
 from kvbench.rows import P_DECIMALS, Row, RowKey
+from kvbench.run_artifacts import method_artifacts
 from kvbench.run_manifest import manifest_entry, model_shape
 from kvbench.run_plan import (
     ANSWER_CONTEXTS,
@@ -205,39 +206,6 @@ def _run_locked(
         engine.close()  # before the next model of a --model list starts its engine
     summary.recovered = store.recovered
     return summary
-
-
-def method_artifacts(
-    plan: Sequence[tuple[EvictionMethod, list[str], list[float]]], lm: LoadedModel, store: ResultsStore
-) -> dict[str, str | None]:
-    """``{method label: artifact_sha256}`` of the plan's methods for ``lm``. Each method reads its offline
-    artifact here, so a missing or mismatched one fails before anything is written. A method whose rows in
-    ``store``'s directory (same model, same weights) were scored with another artifact is an error: rows of two
-    calibrations under one label would be mixed."""
-    artifacts: dict[str, str | None] = {}
-    for method, _, _ in plan:
-        sha = method.artifact_sha256(lm.fingerprint)
-        if sha is not None and not (isinstance(sha, str) and sha):
-            raise KvbenchError(
-                f"method {method.name}: artifact_sha256() returned {sha!r}; it must return the artifact's hex "
-                "digest (a non-empty str), or None for a method without an artifact"
-            )
-        artifacts[method.label] = sha
-
-    def short(d: str) -> str:
-        return "none" if d == "None" else d[:12] + "…"
-
-    recorded = store.recorded_artifacts(lm.name, lm.fingerprint)
-    for label, sha in artifacts.items():
-        other = sorted(recorded.get(label, set()) - {str(sha)})
-        if other:
-            raise KvbenchError(
-                f"{store.dir} holds {label} rows of model {lm.name} scored with another artifact (sha256 "
-                f"{', '.join(map(short, other))}) than this run's ({short(str(sha))}), e.g. from before a "
-                "recalibration; the two would be mixed under one name. Run into a new --out directory (or move "
-                "the older results files away)"
-            )
-    return artifacts
 
 
 def run_models(config: RunConfig, models: Sequence[str | None], console: Console | None = None) -> RunSummary:
