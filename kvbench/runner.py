@@ -9,6 +9,13 @@ includes the resolved length, the seed, the context's SHA-256 and the model fing
 other settings never reuses it. ``shard=(i, N)`` keeps the contexts whose 0-based enumeration index ``c``
 satisfies ``c % N == i`` (enumeration: tasks in bench order, then items) and writes its own results file
 (``kvbench.results.results_name``), so the shards of one run may write one ``--out`` at the same time.
+
+This module is the loop (:func:`run`, one context at a time); its parts live beside it, one idea each, and every
+public name is importable from here too (:data:`__all__`): the configuration, its checks and the plan
+(:mod:`kvbench.run_plan`), the shard's contexts (:mod:`kvbench.run_shards`), the manifest entry
+(:mod:`kvbench.run_manifest`), the methods' artifacts (:mod:`kvbench.run_artifacts`), the state the contexts share
+(:mod:`kvbench.run_state`), scoring, forking and answering (:mod:`kvbench.run_answer`), the answer pool
+(:mod:`kvbench.answer_pool`) and the progress bar (:mod:`kvbench.run_progress`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from kvbench.run_plan import (
     resolve_defaults,
     validate,
 )
+from kvbench.run_progress import ContextsBar
 from kvbench.run_shards import ShardContexts, shard_contexts
 from kvbench.run_state import Child, ParentContext, Pending, RunState, Scored, Unit
 from kvbench.tasks import Context
@@ -168,7 +176,9 @@ def _run_locked(
         on_progress(summary, contexts.total)
     try:
         with make_progress(console) as progress:
-            bar = progress.add_task("contexts", total=contexts.total)
+            bar = ContextsBar(
+                progress, progress.add_task("contexts", total=contexts.total), contexts, summary, on_progress
+            )
             state = RunState(
                 config=config,
                 lm=lm,
@@ -178,22 +188,15 @@ def _run_locked(
                 store=store,
                 summary=summary,
                 progress=progress,
-                bar=bar,
+                bar=bar.task,
             )
-
-            def finished(n: int) -> None:  # n contexts' rows are all written
-                summary.contexts += n
-                progress.advance(bar, n)
-                if on_progress:
-                    on_progress(summary, contexts.total)
-
-            with AnswerPool(state, _pool_size(config, engine), finished) as pool:
+            with AnswerPool(state, _pool_size(config, engine), bar.finished) as pool:
                 for ctx in contexts:
-                    progress.update(bar, description=escape(f"{ctx.task} #{ctx.item}"), total=contexts.total)
+                    bar.show(ctx)
                     if not _run_context(state, ctx, pool):
-                        finished(1)
+                        bar.finished(1)
                 pool.flush()
-            progress.update(bar, total=contexts.total)
+            bar.end()
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted: {summary.rows_written} new rows are saved in {escape(str(store.path))}; rerun the "
