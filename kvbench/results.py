@@ -52,6 +52,7 @@ from kvbench.results_keys import (
     results_name,
     row_key,
 )
+from kvbench.results_scan import _Scan, _scan
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -79,50 +80,6 @@ __all__ = [
     "Upgrade",
     "upgrade_results",
 ]
-
-
-@dataclass
-class _Scan:
-    """One results file, parsed. ``good_end``: byte offset just past the last complete, valid line.
-    ``tail``: what follows it (b"" when the file ends cleanly); ``tail_row`` the row when the tail is a
-    complete row that only lacks its newline."""
-
-    rows: list[dict]
-    legacy: int
-    good_end: int
-    tail: bytes
-    tail_row: dict | None
-
-
-def _scan(data: bytes, path: Path) -> _Scan:
-    """Parse a results file's bytes; a bad line anywhere but last is corruption (ResultsError)."""
-    lines = data.split(b"\n")
-    tail = lines.pop()  # bytes after the last newline: b"" when the file ends cleanly
-    rows: list[dict] = []
-    legacy = good_end = 0
-    for i, line in enumerate(lines):
-        parsed = _parse_keyed(line)
-        if parsed is None:
-            if i == len(lines) - 1 and not tail:
-                tail = line + b"\n"  # a bad last line is a crash signature, not corruption
-                break
-            raise ResultsError(
-                f"{path}: line {i + 1} is not a valid result row; the file was not modified. "
-                "Fix or delete that line by hand, or use a different --out directory"
-            )
-        if parsed[1] == LEGACY:
-            legacy += 1
-        else:
-            rows.append(parsed[0])
-        good_end += len(line) + 1
-    tail_parsed = _parse_keyed(tail) if tail and not tail.endswith(b"\n") else None
-    tail_row = None
-    if tail_parsed is not None:
-        if tail_parsed[1] == LEGACY:
-            legacy += 1
-        else:
-            tail_row = tail_parsed[0]
-    return _Scan(rows, legacy, good_end, tail, tail_row)
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool]:
