@@ -19,11 +19,15 @@ noted. A row's identity is its :data:`ROW_KEY` fields (:class:`kvbench.rows.RowK
 line lacking one reads); rows written before ``length``, ``seed``, ``context_sha256``, ``model_fingerprint`` and
 ``artifact_sha256`` joined the key ("legacy" rows) are never reused: a writer refuses a file holding them, a
 reader leaves them out and says so.
+
+This module names every public part, each in a module of its own: what a line and its identity are
+(:mod:`kvbench.results_keys`), reading and atomically replacing the directory's files (:mod:`kvbench.results_io`),
+a writer's whole-file scan and crash repair (:mod:`kvbench.results_scan`), the writer's lock
+(:mod:`kvbench.results_lock`), the store (:mod:`kvbench.results_store`), the reader (:mod:`kvbench.results_read`)
+and the upgrade of an older kvbench's rows (:mod:`kvbench.results_upgrade`).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from kvbench.results_keys import (
     ENDED_EARLY,
@@ -49,9 +53,6 @@ from kvbench.results_read import (
 )
 from kvbench.results_store import ResultsStore
 from kvbench.results_upgrade import Upgrade, upgrade_results
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ENDED_EARLY",
