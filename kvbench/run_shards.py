@@ -15,7 +15,7 @@ from rich.console import Console
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.models import LoadedModel, cache_dir
 from kvbench.prompt import prompt_length
-from kvbench.results import ENDED_EARLY
+from kvbench.results_keys import ENDED_EARLY
 from kvbench.run_plan import RunConfig
 from kvbench.tasks import Context, get_bench
 
