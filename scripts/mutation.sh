@@ -7,7 +7,7 @@
 # Groups (modules mutated <- the tests that may kill them):
 #   budgets   kvbench/budgets.py                      <- test_budgets, test_methods_invariants
 #   scorers   scorers/*.py                            <- test_scorers, test_scbench_scorers, test_scbench_official_scorers
-#   results   kvbench/results.py, kvbench/rows.py     <- test_results, test_results_upgrade, test_rows, test_store_cli
+#   results   kvbench/results*.py, kvbench/rows.py    <- test_results, test_results_upgrade, test_rows, test_store_cli
 #   methods   methods/*.py (scoring and selection)    <- test_methods_*, test_budgets, test_gatesight
 #   ruler     tasks/ruler*.py                         <- test_ruler, test_ruler_official
 #   scbench   tasks/scbench*.py, kvbench/prompt.py    <- test_scbench*, test_prompt
@@ -36,7 +36,7 @@ MUTATE[budgets]="kvbench/budgets.py"
 TESTS[budgets]="tests/test_budgets.py tests/test_methods_invariants.py"
 MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"
-MUTATE[results]="kvbench/results.py kvbench/rows.py"
+MUTATE[results]="kvbench/results*.py kvbench/rows.py"
 TESTS[results]="tests/test_results.py tests/test_results_upgrade.py tests/test_rows.py tests/test_store_cli.py"
 MUTATE[methods]="kvbench/methods/*.py"
 TESTS[methods]="tests/test_methods_invariants.py tests/test_methods_keydiff.py tests/test_methods_kvzip.py

@@ -156,7 +156,7 @@ def _lock_is_a_directory(tmp: Path, out: Path) -> None:
 
 def _lock_of_another_user(tmp: Path, out: Path, monkeypatch) -> None:
     """The lock file cannot be opened for writing (another user's; root ignores chmod, so the open is refused)."""
-    import kvbench.results as results
+    import kvbench.results_lock as results_lock
 
     real = os.open
 
@@ -165,7 +165,7 @@ def _lock_of_another_user(tmp: Path, out: Path, monkeypatch) -> None:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, flags, *a)
 
-    monkeypatch.setattr(results.os, "open", refuse)
+    monkeypatch.setattr(results_lock.os, "open", refuse)
 
 
 def _legacy_rows_beside(tmp: Path, out: Path) -> None:

@@ -443,7 +443,7 @@ def test_recorded_artifacts_per_model_and_method(tmp_path):
 def test_full_disk_names_the_file_and_leaves_it_resumable(tmp_path, monkeypatch):
     import errno
 
-    import kvbench.results as results
+    import kvbench.results_store as results_store
 
     with ResultsStore(tmp_path) as store:
         store.append(make_row(0))
@@ -457,10 +457,10 @@ def test_full_disk_names_the_file_and_leaves_it_resumable(tmp_path, monkeypatch)
                 return real(fd, bytes(buf[:10]))  # part of the row reaches the disk, then it is full
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(results.os, "write", full_disk)
+        monkeypatch.setattr(results_store.os, "write", full_disk)
         with pytest.raises(ResultsError) as info:
             store.append(make_row(1))
-        monkeypatch.setattr(results.os, "write", real)
+        monkeypatch.setattr(results_store.os, "write", real)
         message = str(info.value)
         assert str(store.path) in message and "disk is full" in message and "rerun the same command" in message
         assert store.path.read_bytes() == before  # the partial row was cut back off

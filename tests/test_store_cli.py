@@ -42,7 +42,7 @@ def _checkpoint_without_weights(tmp: Path) -> None:
 
 def _readonly_results(tmp: Path, monkeypatch) -> None:
     """results.jsonl cannot be opened for writing (root ignores chmod: the open itself is refused)."""
-    import kvbench.results as results
+    import kvbench.results_store as results_store
 
     real = os.open
 
@@ -51,7 +51,7 @@ def _readonly_results(tmp: Path, monkeypatch) -> None:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, flags, *a)
 
-    monkeypatch.setattr(results.os, "open", refuse)
+    monkeypatch.setattr(results_store.os, "open", refuse)
 
 
 def _results_is_a_directory(tmp: Path, monkeypatch) -> None:
@@ -151,7 +151,7 @@ def test_settings_that_change_an_answer_get_their_own_rows(tmp_path, capsys):
 
 
 def test_full_disk_mid_run_exits_2_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
-    import kvbench.results as results
+    import kvbench.results_store as results_store
 
     out = str(tmp_path / "out")
     real = os.write
@@ -161,12 +161,12 @@ def test_full_disk_mid_run_exits_2_and_the_rerun_resumes(tmp_path, capsys, monke
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, buf)
 
-    monkeypatch.setattr(results.os, "write", full)
+    monkeypatch.setattr(results_store.os, "write", full)
     assert kvbench("run", *MODEL, *FAST, "--out", out) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"cannot write {out}/results.jsonl: the disk is full" in err
     assert "rerun the same command" in err
-    monkeypatch.setattr(results.os, "write", real)
+    monkeypatch.setattr(results_store.os, "write", real)
     assert kvbench("run", *MODEL, *FAST, "--out", out) == 0
     assert "1 rows written, 0 already present" in capsys.readouterr().err
     assert len(read_results(out).rows) == 1
