@@ -28,7 +28,7 @@ from rich.progress import Progress, TaskID
 
 import kvbench
 from kvbench import budgets
-from kvbench.engines import ENGINES
+from kvbench.engines import ENGINES, engines_for
 from kvbench.engines.base import Answer, AnswerGroup, ChildSession, EngineBase, ParentSession
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.logs import LineProgress, make_console, make_progress
@@ -186,7 +186,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
     plan = []
     for name in planned_methods(config):
         cls = method_class(name)
-        engines = cls.engines  # the engines a method runs on (None: every engine), declared on the class
+        engines = engines_for(cls)  # the engines a method runs on (None: every engine), from what it declares
         if engines is not None and config.engine not in engines:
             only = " / ".join(engines)
             raise KvbenchError(f"method {name} runs on the {only} engine only; drop it or use --engine {engines[0]}")
@@ -443,7 +443,7 @@ def _run_locked(
     if config.threads:
         torch.set_num_threads(config.threads)
     if lm is None:  # an engine that loads the checkpoint itself needs no torch copy of its weights
-        weights = getattr(ENGINES.get(config.engine), "torch_weights", True)
+        weights = ENGINES.get(config.engine).torch_weights
         lm = load_model(config.model, device=config.device, dtype=_engine_dtype(config), weights=weights)
     config = resolve_defaults(config, lm)
     if config.length > max_positions(lm):
