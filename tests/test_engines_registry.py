@@ -123,6 +123,7 @@ def test_a_methods_engines_follow_from_its_required_capabilities(engines):
 
 def test_the_runner_refuses_an_engine_without_a_required_capability(tmp_path):
     config = RunConfig(methods=["oracle"], bench="needle", ps=[0.5], out=tmp_path / "x", engine="vllm")
-    with pytest.raises(KvbenchError, match="method oracle runs on the torch engine only; drop it or use --engine torch"):
+    refused = "method oracle runs on the torch engine only; drop it or use --engine torch"
+    with pytest.raises(KvbenchError, match=refused):
         validate(config)
     validate(RunConfig(methods=["oracle"], bench="needle", ps=[0.5], out=tmp_path / "x", engine="torch"))

@@ -59,13 +59,14 @@ def _check_engine(name: str, cls: object) -> None:
     try:
         inspect.signature(cls).bind(None, 0, "cpu")
     except TypeError as exc:
-        raise RegistryError(f"engine {name!r}: {cls.__qualname__} is not constructed (lm, length, device): {exc}") from None
+        raise RegistryError(
+            f"engine {name!r}: {cls.__qualname__} is not constructed (lm, length, device): {exc}"
+        ) from None
     if not isinstance(cls.torch_weights, bool):
         raise RegistryError(f"engine {name!r}: torch_weights must be a bool, not {cls.torch_weights!r}")
     if not isinstance(cls.capabilities, frozenset) or not cls.capabilities <= CAPABILITIES.keys():
         raise RegistryError(
-            f"engine {name!r}: capabilities must be a frozenset of {', '.join(CAPABILITIES)}; "
-            f"got {cls.capabilities!r}"
+            f"engine {name!r}: capabilities must be a frozenset of {', '.join(CAPABILITIES)}; got {cls.capabilities!r}"
         )
 
 

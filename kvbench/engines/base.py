@@ -156,6 +156,10 @@ class Session(ABC):
     def released(self) -> bool:
         return self._released
 
+    @abstractmethod
+    def release(self) -> None:
+        """Free the session's storage; any later use is an error."""
+
 
 class ChildSession(Session):
     """A physically compacted child: per-(layer, head) kept entries, answering questions. ``stats``: what

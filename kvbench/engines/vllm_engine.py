@@ -50,6 +50,7 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
+from kvbench.engines import VLLM_HEADROOM
 from kvbench.engines.base import (
     Answer,
     ChildSession,
@@ -60,7 +61,6 @@ from kvbench.engines.base import (
     check_context_sha,
 )
 from kvbench.engines.paging import KernelPaging, head_pages_possible
-from kvbench.engines import VLLM_HEADROOM
 from kvbench.errors import KvbenchError, ModelError, ProtocolError
 from kvbench.models import LoadedModel
 
