@@ -17,23 +17,10 @@ and a non-empty answer prefix, as RULER writes ``"...text? The special magic..."
 ``input + answer_prefix``; with a BPE tokenizer that can differ by a token or two from the sum of the
 three pieces above (a byte-level tokenizer gives the same count either way).
 
-**SCBench's assembly** (``context.assembly == "scbench"``), as ``create_scdq_prompt`` and ``run_scbench.py``
-of microsoft/MInference build a shared-context multi-query prompt, token for token:
-
-* the context prompt is the chat template applied to one user message ``instruction + glue + body`` (the
-  official ``CTX_TEMPLATE.format(context)``; SCBench contexts use an empty glue) followed by the delimiter
-  ``[SEPSEPSEP]``, with the generation prompt, cut before the delimiter, and encoded in one call with the
-  tokenizer's default special tokens (the official ``tok.encode``);
-* each query is the chat template applied to ``[system "", user "[SEPSEPSEP]" + question]`` with the
-  generation prompt, cut after the delimiter, encoded without special tokens and appended directly to the
-  context (no separator), then the answer prefix;
-* the context prompt's ids are middle-truncated to ``L = max_length - context.reserve_tokens`` when longer
-  (the first ``L // 2`` and last ``L // 2`` ids, as the official ``truncate_input``); a negative ``L`` cuts
-  nothing (as the official), and ``L`` of 0 or 1, where the official run fails its own assertion, is an
-  error;
-* the protected prefix is the part of those ids that encodes the template head and the instruction.
-
-Without a chat template both are the plain texts (the official ``use_chat_template=False``).
+**A bench's own assembly**: a context whose ``assembly`` is not ``"kvbench"`` is rendered, counted and written
+out by the :class:`~kvbench.tasks.Assembly` its bench declares under that name (:attr:`kvbench.tasks.Bench.assemblies`,
+found by :func:`kvbench.tasks.context_assembly`); SCBench's reproduces the official shared-context prompt
+(:mod:`kvbench.tasks.scbench_prompt`).
 """
 
 from __future__ import annotations
@@ -43,7 +30,7 @@ from dataclasses import dataclass
 from kvbench.budgets import protected_length
 from kvbench.engines.base import context_sha256
 from kvbench.errors import KvbenchError
-from kvbench.tasks import Context
+from kvbench.tasks import Context, context_assembly
 
 _BODY = "\x00KVBENCH_BODY\x00"
 _QUESTION = "\x00KVBENCH_QUESTION\x00"
@@ -98,83 +85,24 @@ def _question_text(question, tail: str) -> str:
 
 def prompt_text(tokenizer, context: Context, j: int = 0) -> str:
     """The whole prompt of question ``j`` as one string: what :func:`render`'s pieces encode, joined."""
-    if context.assembly == "scbench":
-        text = _scbench_context_text(tokenizer, context.instruction + context.glue + context.body)
-        return text + _scbench_query_text(tokenizer, context.questions[j])
+    own = context_assembly(context)
+    if own is not None:
+        return own.prompt_text(tokenizer, context, j)
     head, tail = template_parts(tokenizer)
     return head + context.instruction + context.glue + context.body + _question_text(context.questions[j], tail)
 
 
-_SCBENCH_SEP = "[SEPSEPSEP]"  # the official scdq delimiter
-
-
-def _scbench_context_text(tokenizer, text: str) -> str:
-    """The official scdq context prompt of user content ``text``: chat head + ``text`` (as the template
-    writes it), no end of turn."""
-    if not getattr(tokenizer, "chat_template", None):
-        return text
-    templated = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text + _SCBENCH_SEP}], add_generation_prompt=True, tokenize=False
-    )
-    return templated.split(_SCBENCH_SEP)[0]
-
-
-def _scbench_query_text(tokenizer, question) -> str:
-    """The official scdq query prompt of ``question``: its text + end of turn + assistant header (from a
-    ``[system "", user]`` conversation), then the answer prefix."""
-    if not getattr(tokenizer, "chat_template", None):
-        return question.text + question.answer_prefix
-    templated = tokenizer.apply_chat_template(
-        [{"role": "system", "content": ""}, {"role": "user", "content": _SCBENCH_SEP + question.text}],
-        add_generation_prompt=True,
-        tokenize=False,
-    )
-    return templated.split(_SCBENCH_SEP)[1] + question.answer_prefix
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _render_scbench(tokenizer, context: Context, max_length: int | None) -> Rendered:
-    """:func:`render` for SCBench's own assembly (module docstring)."""
-    head = context.instruction + context.glue
-    context_ids = list(tokenizer.encode(_scbench_context_text(tokenizer, head + context.body)))
-    n_prefix = _common_prefix(list(tokenizer.encode(_scbench_context_text(tokenizer, head))), context_ids)
-    question_ids = [encode(tokenizer, _scbench_query_text(tokenizer, q)) for q in context.questions]
-    if n_prefix == len(context_ids):
-        raise KvbenchError(f"empty context body in {context.bench}/{context.task} item {context.item}")
-    truncated_from = None
-    if max_length is not None:
-        limit = max_length - context.reserve_tokens
-        if 0 <= limit < len(context_ids):
-            if limit < 2:  # the official cut keeps nothing and then fails its own length check
-                raise KvbenchError(
-                    f"{context.bench}/{context.task} item {context.item}: the model limit of {max_length} tokens "
-                    f"less the {context.reserve_tokens} the official runner reserves for answers leaves no room for "
-                    f"the {len(context_ids)}-token context; use a model with a longer context"
-                )
-            truncated_from = len(context_ids)
-            context_ids = context_ids[: limit // 2] + context_ids[-(limit // 2) :]
-            n_prefix = min(n_prefix, limit // 2)
-    return Rendered(context_ids[:n_prefix], context_ids[n_prefix:], question_ids, truncated_from)
-
-
 def render(tokenizer, context: Context, max_length: int | None = None) -> Rendered:
-    """Tokenize ``context`` as described in the module docstring (SCBench's assembly when
-    ``context.assembly == "scbench"``).
+    """Tokenize ``context`` as described in the module docstring (its bench's own assembly when
+    ``context.assembly`` is not ``"kvbench"``).
 
     max_length: the model/engine limit in tokens. If context + the longest question + its
     ``max_new_tokens`` would exceed it, the body's token ids are middle-truncated (first and last halves
     kept, as SCBench does) and ``truncated_from`` records the original context length.
     """
-    if context.assembly == "scbench":
-        return _render_scbench(tokenizer, context, max_length)
+    own = context_assembly(context)
+    if own is not None:
+        return own.render(tokenizer, context, max_length)
     head, tail = template_parts(tokenizer)
     prefix_ids = encode(tokenizer, head + context.instruction + context.glue)
     body_ids = encode(tokenizer, context.body)
@@ -202,13 +130,14 @@ def prompt_length(tokenizer):
     """A ``PromptLength`` for generators: tokens of the whole prompt of the first question
     (:func:`prompt_text`, tokenized in one piece as RULER counts). The returned callable also has
     ``text_tokens(text) -> int``, the token count of raw text (RULER counts its one-shot examples so), and
-    ``tokenizer``. A context in SCBench's assembly counts its context prompt and first query as
-    :func:`render` encodes them."""
+    ``tokenizer``. A context in its bench's own assembly counts as that assembly's
+    :meth:`~kvbench.tasks.Assembly.prompt_length` says (SCBench's: its context prompt and first query as
+    :func:`render` encodes them)."""
 
     def length(context: Context) -> int:
-        if context.assembly == "scbench":  # its own pieces, each encoded as the official runner does
-            rendered = render(tokenizer, context)
-            return len(rendered.context_ids) + (len(rendered.question_ids[0]) if context.questions else 0)
+        own = context_assembly(context)
+        if own is not None:
+            return own.prompt_length(tokenizer, context)
         if not context.questions:
             head, _ = template_parts(tokenizer)
             return len(encode(tokenizer, head + context.instruction + context.glue + context.body))

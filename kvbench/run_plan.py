@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from kvbench import budgets
-from kvbench.engines import ENGINES
+from kvbench.engines import ENGINES, engines_for
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, get_method, method_class
 from kvbench.models import BUILTIN_MODELS, DEFAULT_LENGTH, LoadedModel, check_device, check_dtype
@@ -154,7 +154,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
     plan = []
     for name in planned_methods(config):
         cls = method_class(name)
-        engines = cls.engines  # the engines a method runs on (None: every engine), declared on the class
+        engines = engines_for(cls)  # the engines a method runs on (None: every engine), from what it declares
         if engines is not None and config.engine not in engines:
             only = " / ".join(engines)
             raise KvbenchError(f"method {name} runs on the {only} engine only; drop it or use --engine {engines[0]}")

@@ -136,7 +136,7 @@ def _run_locked(
     if config.threads:
         torch.set_num_threads(config.threads)
     if lm is None:  # an engine that loads the checkpoint itself needs no torch copy of its weights
-        weights = getattr(ENGINES.get(config.engine), "torch_weights", True)
+        weights = ENGINES.get(config.engine).torch_weights
         lm = load_model(config.model, device=config.device, dtype=_engine_dtype(config), weights=weights)
     config = resolve_defaults(config, lm)
     if config.length > max_positions(lm):

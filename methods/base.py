@@ -53,6 +53,8 @@ class EvictionMethod(ABC):
         class attribute of that name is the default.
       engines: the engine names (``--engine``) the method runs on; None: every engine. The runner checks it
         before any model loads.
+      requires: capabilities (:data:`kvbench.engines.CAPABILITIES`) the method needs of its engine; the runner
+        refuses an engine that does not declare them, before any model loads.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +67,7 @@ class EvictionMethod(ABC):
     query_aware: ClassVar[bool] = False
     options: ClassVar[dict[str, str]] = {}
     engines: ClassVar[tuple[str, ...] | None] = None
+    requires: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed

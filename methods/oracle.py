@@ -31,7 +31,6 @@ Settings and limits:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 
@@ -123,7 +122,7 @@ class Oracle(QueryAwareMethod):
     name = "oracle"
     default_allocation = "gate"
     extra_passes = True
-    engines: ClassVar[tuple[str, ...] | None] = ("torch",)  # checked by the runner before any model loads
+    requires = frozenset({"model_weights"})  # the engine's adapter exposes W_O; checked before any model loads
 
     def full_cache_answer(self, parent: ParentSession, question: QuestionInput) -> list[int]:
         """The unpruned parent's greedy answer to ``question`` (token ids, stop token excluded)."""

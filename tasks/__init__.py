@@ -18,22 +18,29 @@ others with :func:`register_bench`; they are looked up by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
-from kvbench.registry import Registry, RegistryError, UnknownNameError
+from kvbench.errors import KvbenchError
+from kvbench.registry import Registry, RegistryError, UnknownNameError, load_spec
+
+if TYPE_CHECKING:
+    from kvbench.prompt import Rendered
 
 __all__ = [
     "BENCHES",
     "BUILTIN_BENCHES",
     "Question",
     "Context",
+    "Assembly",
     "Bench",
     "PromptLength",
     "register_bench",
     "get_bench",
     "bench_title",
+    "context_assembly",
     "list_benches",
     "UnknownBenchError",
 ]
@@ -71,9 +78,10 @@ class Context:
     glue: the text between instruction and body (RULER's fwe joins them with a space).
     assembly: how :mod:`kvbench.prompt` turns the pieces into token ids: ``"kvbench"`` (the pieces
         tokenized apart, ``"\n"`` before each question, the body middle-truncated so the longest question
-        and its answer fit) or ``"scbench"`` (SCBench's own shared-context assembly: the chat-templated
-        context prompt encoded in one call, each query from its own chat template appended directly, the
-        whole context prompt middle-truncated to the model limit less ``reserve_tokens``).
+        and its answer fit) or the name of an :class:`Assembly` the context's bench declares in its
+        ``assemblies`` (SCBench's ``"scbench"``: the chat-templated context prompt encoded in one call, each
+        query from its own chat template appended directly, the whole context prompt middle-truncated to the
+        model limit less ``reserve_tokens``).
     reserve_tokens: ``"scbench"`` assembly only: the tokens the official runner subtracts from the model
         limit before it middle-truncates the context prompt.
     source: where the item comes from, when a bench has more than one source (SCBench: ``"hub"`` for the
@@ -92,6 +100,34 @@ class Context:
     assembly: str = "kvbench"
     reserve_tokens: int = 0
     source: str | None = None
+
+
+#: The assembly :mod:`kvbench.prompt` applies itself; any other ``Context.assembly`` is its bench's.
+KVBENCH_ASSEMBLY = "kvbench"
+
+
+class Assembly(ABC):
+    """A bench's own way of turning its contexts into token ids, for the contexts whose ``assembly`` is its
+    ``name`` (:mod:`kvbench.prompt` applies ``"kvbench"``'s itself). A bench declares its assemblies in
+    :attr:`Bench.assemblies`; :func:`kvbench.prompt.render`, :func:`~kvbench.prompt.prompt_text` and
+    :func:`~kvbench.prompt.prompt_length` hand such a context to it."""
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def render(self, tokenizer, context: Context, max_length: int | None = None) -> Rendered:
+        """The context's token ids (what :func:`kvbench.prompt.render` returns); ``max_length``: the model limit
+        in tokens the context must be cut to, None for no cut."""
+
+    @abstractmethod
+    def prompt_text(self, tokenizer, context: Context, j: int = 0) -> str:
+        """The whole prompt of question ``j`` as one string (what :func:`kvbench.prompt.prompt_text` returns)."""
+
+    def prompt_length(self, tokenizer, context: Context) -> int:
+        """Tokens of the context and its first question as :meth:`render` encodes them, uncut (what a
+        generator's :data:`PromptLength` counts)."""
+        rendered = self.render(tokenizer, context)
+        return len(rendered.context_ids) + (len(rendered.question_ids[0]) if context.questions else 0)
 
 
 #: Callable that returns the total prompt length in tokens (chat template + instruction + body + the
@@ -113,6 +149,16 @@ class Bench(ABC):
     #: Where a generated bench may cache its contexts (None: no cache). The runner points it at
     #: ``$KVBENCH_CACHE/<bench name>``; cached items must be re-validated or keyed so they cannot go stale.
     cache_dir: Path | str | None = None
+    #: The bench's own prompt assemblies: :class:`Assembly` name -> ``"module:attr"`` of an instance, imported on
+    #: first use, for its contexts whose ``assembly`` is not ``"kvbench"`` (e.g. SCBench's ``"scbench"``).
+    assemblies: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def sub_task(cls, task: str, scorer: str) -> str:
+        """The sub-task of ``task`` that a row scored by ``scorer`` belongs to, ``""`` for none: a mixed task
+        scores each sub-task with its own scorer (the report's ``sub`` column; a task with sub-tasks scores the
+        mean of theirs). The base: none."""
+        return ""
 
     @abstractmethod
     def tasks(self) -> list[str]:
@@ -178,3 +224,17 @@ def get_bench(name: str) -> Bench:
     except UnknownNameError as exc:
         raise UnknownBenchError(str(exc)) from None
     return cls()
+
+
+def context_assembly(context: Context) -> Assembly | None:
+    """The :class:`Assembly` that renders ``context``: None for kvbench's own (``"kvbench"``), else the one its
+    bench declares under that name in :attr:`Bench.assemblies`; a bench that declares none is an error."""
+    if context.assembly == KVBENCH_ASSEMBLY:
+        return None
+    declared = BENCHES.get(context.bench).assemblies if context.bench in BENCHES else {}
+    if context.assembly not in declared:
+        raise KvbenchError(
+            f"{context.bench}/{context.task} item {context.item}: assembly {context.assembly!r} is not one bench "
+            f"{context.bench!r} declares (its assemblies: {', '.join(declared) or 'none'})"
+        )
+    return load_spec(declared[context.assembly])  # type: ignore[return-value]

@@ -460,6 +460,15 @@ class SCBenchBench(Bench):
         "Without its data: kv, mf, prefix_suffix, vt generated offline."
     )
     cache_dir: Path | str | None = None
+    assemblies = {"scbench": "kvbench.tasks.scbench_prompt:ASSEMBLY"}  # its contexts' assembly (build_context)
+
+    @classmethod
+    def sub_task(cls, task: str, scorer: str) -> str:
+        """The sub-task a mixed task's scorer names (``scbench_repoqa_and_kv_kv`` and its ``_revised`` twin ->
+        ``kv``; :func:`kvbench.scorers.scbench.scorer_names`), else ``""``."""
+        name = scorer.removesuffix("_revised")
+        prefix = f"scbench_{task}_"
+        return name[len(prefix) :] if name.startswith(prefix) else ""
 
     def __init__(
         self, data_dir: str | os.PathLike | None = None, hub: bool | None = None, max_turns: int | None = None

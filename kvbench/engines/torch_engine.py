@@ -44,6 +44,7 @@ from kvbench.engines.base import (
 from kvbench.engines.batch_kv import Arena, BatchKV
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import KvbenchError, ProtocolError
+from kvbench.models import LoadedModel
 from kvbench.models import fingerprint as model_fingerprint
 
 #: The share of the memory free when a batch starts that :meth:`TorchParent.answer_batch_limit` plans to use.
@@ -84,6 +85,7 @@ class TorchEngine(EngineBase):
 
     name = "torch"
     batches_children = True
+    capabilities = frozenset({"model_weights", "ragged_heads"})
 
     def __init__(
         self,
@@ -745,3 +747,12 @@ def stop_token_ids(tokenizer, model) -> list[int]:
         if special in vocab:
             ids.add(int(vocab[special]))
     return sorted(ids)
+
+
+class TorchRunEngine(TorchEngine):
+    """The ``torch`` engine as ``kvbench run --engine torch`` builds it (the class :data:`kvbench.engines.ENGINES`
+    holds): :class:`TorchEngine` on the loaded model ``lm``, already on its device (``length`` and ``device``
+    need nothing more)."""
+
+    def __init__(self, lm: LoadedModel, length: int, device: str = "cpu") -> None:
+        super().__init__(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)

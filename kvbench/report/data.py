@@ -19,7 +19,8 @@ absent, a flag bool):
   scored with more than one artifact (directories of two calibrations read together), ``method`` becomes
   ``METHOD@SHA`` (the digest's first 8 hex digits) and the label follows, so they are never averaged together;
 * scores (0–100): ``score`` (the row's primary scorer), ``score_official`` and ``score_revised`` (equal where the
-  scorer has no revision), ``sub`` (the sub-task of a mixed SCBench task, ``""`` elsewhere), ``scorer``;
+  scorer has no revision), ``sub`` (the sub-task of a mixed task, as its bench's :meth:`~kvbench.tasks.Bench.sub_task`
+  names it from the scorer; ``""`` elsewhere), ``scorer``;
 * ``default_allocation``: the allocation the row's method declares as its default (``""`` in rows of a kvbench
   that did not record it);
 * flags: ``real_fork``, ``query_aware``, ``random_weights`` (bool);
@@ -83,7 +84,9 @@ _BOOL = [c for c, kind in _KIND.items() if kind == "bool"]
 COLUMNS = [*_STR, *_FLOAT, *_BOOL]
 #: (index in kvbench.rows.IDENTITY, column) of the key's str columns (``p`` is a float column)
 _KEY_STR = [(i, c) for i, c in enumerate(IDENTITY) if _KIND[c] == "str"]
-_KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_TASK = (IDENTITY.index(c) for c in ("p", "method", "allocation", "task"))
+_KEY_P, _KEY_METHOD, _KEY_ALLOCATION, _KEY_BENCH, _KEY_TASK = (
+    IDENTITY.index(c) for c in ("p", "method", "allocation", "bench", "task")
+)
 #: measurements read as they are (float, NaN where absent)
 _MEASURED = [c for c in _READ if _KIND[c] == "float" and c != "score"]
 #: the text of an identity field a row lacks, and the value of an absent flag
@@ -100,10 +103,17 @@ class _Columns:
         self.float = {c: array("d") for c in _FLOAT}
         self.bool = {c: bytearray() for c in _BOOL}
         self._intern: dict[str, str] = {}
+        self._subs: dict[tuple[str, str, str], str] = {}  # (bench, task, scorer) -> sub-task
 
     def _s(self, value: object) -> str:
         text = str(value)
         return self._intern.setdefault(text, text)
+
+    def _sub_task(self, bench: str, task: str, scorer: str) -> str:
+        """:func:`_sub_task`, asked once per (bench, task, scorer)."""
+        if (bench, task, scorer) not in self._subs:
+            self._subs[bench, task, scorer] = self._s(_sub_task(bench, task, scorer))
+        return self._subs[bench, task, scorer]
 
     def add(self, row: dict) -> None:
         """Append the report's fields of one result row (fields it lacks get their documented default)."""
@@ -125,7 +135,7 @@ class _Columns:
         scorer = row.get("scorer")
         scorer = self._s(scorer if isinstance(scorer, str) else str(scorer or ""))
         s["scorer"].append(scorer)
-        s["sub"].append(self._s(_sub_task(task, scorer)) if task in scorer else "")
+        s["sub"].append(self._sub_task(key[_KEY_BENCH], task, scorer))
         default = row.get("default_allocation")
         s["default_allocation"].append(self._s(default) if isinstance(default, str) else "")
         score = _num(row.get("score"))
@@ -155,11 +165,14 @@ def _num(value: object) -> float:
         return math.nan
 
 
-def _sub_task(task: str, scorer: str) -> str:
-    """The sub-task a mixed SCBench task's scorer names (``scbench_repoqa_and_kv_kv`` -> ``kv``), else ``""``."""
-    name = scorer.removesuffix(REVISED)
-    prefix = f"scbench_{task}_"
-    return name[len(prefix) :] if name.startswith(prefix) else ""
+def _sub_task(bench: str, task: str, scorer: str) -> str:
+    """The sub-task of ``task`` a row of ``bench`` scored by ``scorer`` belongs to, ``""`` for none, as the bench
+    names it (:meth:`kvbench.tasks.Bench.sub_task`). Rows of a bench not registered here ask every registered
+    bench (the first that names one), as the report read them before benches named their sub-tasks."""
+    from kvbench.tasks import BENCHES
+
+    names = [bench] if bench in BENCHES else BENCHES.names()
+    return next((sub for name in names if (sub := BENCHES.get(name).sub_task(task, scorer))), "")
 
 
 def _official_revised(score: float, scorer: str, scores: dict) -> tuple[float, float]:
