@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from kvbench.engines.base import EngineBase
-from kvbench.run_answer import Asked, _asked, _fork, _memory_limit, _write
+from kvbench.run_answer import Asked, asked_of, fork_children, memory_limit, write_rows
 from kvbench.run_plan import ANSWER_CONTEXTS, RunConfig
 from kvbench.run_state import Child, ParentContext, RunState, Unit
 
 
-def _pool_size(config: RunConfig, engine: EngineBase) -> int:
+def pool_size(config: RunConfig, engine: EngineBase) -> int:
     """How many contexts an :class:`AnswerPool` of this run holds: ``--answer-contexts`` (default
     :data:`ANSWER_CONTEXTS`); 1 (none pooled) with ``--answer-batch`` or an engine without a batched decode."""
     if config.answer_batch is not None or not engine.batches_children:
@@ -49,14 +49,14 @@ class AnswerPool:
         if len(self.held) >= self.size:
             self.flush()
         try:
-            children = _fork(self.run, parent, units)
+            children = fork_children(self.run, parent, units)
         except BaseException:
             parent.session.release()
             raise
         rows = sum(len(u.questions) for u in units)
-        if self.held and self.rows + rows > _memory_limit(parent, forked=True):  # the rows' batch buffers, GDN states
+        if self.held and self.rows + rows > memory_limit(parent, forked=True):  # the rows' batch buffers, GDN states
             self.flush()
-        self.held.append((parent, children, _asked(parent, units, children)))
+        self.held.append((parent, children, asked_of(parent, units, children)))
 
     def flush(self) -> None:
         """Answer every held question in one decode, write the rows, release what the pool holds."""
@@ -69,7 +69,7 @@ class AnswerPool:
             run.say(f"{where}: {self.rows} answers")
             answers = run.engine.answer_groups([a.group() for a in asked])
             for a, group_answers in zip(asked, answers, strict=True):
-                _write(run, a, group_answers)
+                write_rows(run, a, group_answers)
             done = len(self.held)
         finally:
             self.release()

@@ -13,7 +13,7 @@ from kvbench.atomic import write_atomic
 from kvbench.results_keys import ResultsError
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_file_bytes(path: Path) -> bytes:
     """A file's bytes, or a ResultsError naming the file and the fix."""
     if path.is_dir():
         raise ResultsError(f"{path} is a directory, not a results file: move it away or use a different --out")
@@ -24,7 +24,7 @@ def _read_bytes(path: Path) -> bytes:
         raise ResultsError(f"cannot read {path} ({e.strerror or e}); {fix}") from None
 
 
-def _write_error(path: Path, e: OSError, saved: int) -> ResultsError:
+def write_error(path: Path, e: OSError, saved: int) -> ResultsError:
     """The one-line message for a failed write of ``path`` (a full disk, a read-only file, …)."""
     reason = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
     return ResultsError(
@@ -33,20 +33,20 @@ def _write_error(path: Path, e: OSError, saved: int) -> ResultsError:
     )
 
 
-def _atomic_write(path: Path, text: str | bytes) -> None:
+def atomic_write(path: Path, text: str | bytes) -> None:
     """Replace ``path`` by ``text`` (str: UTF-8) atomically (:func:`kvbench.atomic.write_atomic`)."""
     try:
         write_atomic(path, text)
     except OSError as e:
-        raise _write_error(path, e, 0) from None
+        raise write_error(path, e, 0) from None
 
 
-def _read_json(path: Path, expect: type, fix: str) -> Any:
+def read_json(path: Path, expect: type, fix: str) -> Any:
     """The JSON value of ``path`` (None when absent); a ResultsError when unreadable or not ``expect``."""
     if not path.exists():
         return None
     try:
-        data = json.loads(_read_bytes(path))
+        data = json.loads(read_file_bytes(path))
     except ValueError:
         data = None
     if not isinstance(data, expect):

@@ -33,11 +33,11 @@ _REQUIRED_KEY = identity_fields(Absent.NEVER, Absent.LEGACY, Absent.UPGRADE_TO_N
 
 
 #: key fields added later without a default: a row lacking one is a legacy row
-_NEW_KEY = identity_fields(Absent.LEGACY, Absent.UPGRADE_TO_NULL)
+NEW_KEY = identity_fields(Absent.LEGACY, Absent.UPGRADE_TO_NULL)
 
 
 #: key fields ``upgrade_results`` may set to null (in a row of an artifact-free method lacking nothing else)
-_UPGRADE_TO_NULL = frozenset(identity_fields(Absent.UPGRADE_TO_NULL))
+UPGRADE_TO_NULL_FIELDS = frozenset(identity_fields(Absent.UPGRADE_TO_NULL))
 
 
 _OPTIONAL_DEFAULTS = defaults(OPTIONAL_KEY)
@@ -51,7 +51,7 @@ RESULTS_GLOB = "results*.jsonl"
 ENDED_EARLY = "ends after "
 
 
-_RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
+RESULTS_NAME = re.compile(r"results(\.shard-\d+-of-\d+)?\.jsonl")
 
 
 class ResultsError(KvbenchError):
@@ -86,10 +86,10 @@ def row_key(row: Mapping[str, Any]) -> tuple:
 
 def _is_legacy(row: Mapping[str, Any]) -> bool:
     """A row of an older kvbench: every legacy key field, but not every field of today's key."""
-    return all(k in row for k in LEGACY_KEY) and any(k not in row for k in _NEW_KEY)
+    return all(k in row for k in LEGACY_KEY) and any(k not in row for k in NEW_KEY)
 
 
-#: what :func:`_parse_keyed` returns for a legacy row in place of its key
+#: what :func:`parse_keyed` returns for a legacy row in place of its key
 LEGACY = ()
 
 
@@ -106,7 +106,7 @@ def loads_row(line: bytes) -> Any:
         return json.loads(line)
 
 
-def _parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tuple[dict, tuple] | None:
+def parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tuple[dict, tuple] | None:
     """``(row, row_key(row))`` for a complete, valid row on one line, ``(row, LEGACY)`` for a legacy row, None
     for anything else. One key computation and one legacy check per row: readers parse millions. ``decode``:
     line -> the row's fields as a dict (default :func:`loads_row`, every field; see :func:`iter_file`)."""
@@ -122,9 +122,9 @@ def _parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tup
         return (row, LEGACY) if _is_legacy(row) else None
 
 
-def _legacy_error(path: Path, n: int) -> ResultsError:
+def legacy_error(path: Path, n: int) -> ResultsError:
     return ResultsError(
-        f"{path} holds {n} rows of an older kvbench whose identity lacks some of {', '.join(_NEW_KEY)}, so they "
+        f"{path} holds {n} rows of an older kvbench whose identity lacks some of {', '.join(NEW_KEY)}, so they "
         "could stand for the wrong settings (another prompt length, seed, context, weights or calibration "
         "artifact): run into a new --out directory, or `kvbench results upgrade DIR` to keep the rows that can be "
         "upgraded"

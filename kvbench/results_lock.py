@@ -1,4 +1,4 @@
-"""The lock of a results file's one writer (:class:`_Lock`, an exclusive ``fcntl.flock`` on ``<file>.lock``
+"""The lock of a results file's one writer (:class:`ResultsLock`, an exclusive ``fcntl.flock`` on ``<file>.lock``
 holding its owner's pid and command), and the check that such a lock covers the file alone
 (:func:`check_results_file`).
 """
@@ -44,7 +44,7 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-class _Lock:
+class ResultsLock:
     """An exclusive ``fcntl.flock`` on ``path``, holding ``{"pid", "command"}`` of its owner. ``created``: this
     lock created the file (:meth:`ResultsStore.close` removes such a file when the store wrote nothing)."""
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.results_io import _read_json
-from kvbench.results_keys import _NEW_KEY, _RESULTS_NAME, LEGACY, RESULTS_GLOB, ResultsError, _parse_keyed, loads_row
+from kvbench.results_io import read_json
+from kvbench.results_keys import NEW_KEY, RESULTS_NAME, LEGACY, RESULTS_GLOB, ResultsError, parse_keyed, loads_row
 
 
 @dataclass
@@ -70,8 +70,8 @@ def results_files(dirs: Path | str | Sequence[Path | str], out: ResultsRead) -> 
             raise ResultsError(f"{d} is a file: give the directory that holds it (its run's --out), e.g. {d.parent}")
         if not d.is_dir():
             raise ResultsError(f"no results directory {d}: run `kvbench run --out {d}` first")
-        files = [f for f in sorted(d.glob(RESULTS_GLOB)) if _RESULTS_NAME.fullmatch(f.name)]
-        missing = _read_json(d / "missing.json", dict, "Delete it (the next run rewrites it)") or {}
+        files = [f for f in sorted(d.glob(RESULTS_GLOB)) if RESULTS_NAME.fullmatch(f.name)]
+        missing = read_json(d / "missing.json", dict, "Delete it (the next run rewrites it)") or {}
         if not files and not missing:
             raise ResultsError(f"no results in {d}: run `kvbench run --out {d}` first")
         out.missing.update(missing)
@@ -102,7 +102,7 @@ class FileStats:
         if self.legacy:
             out.append(
                 f"left out {self.legacy} rows of {path} written by an older kvbench: their identity lacks "
-                f"some of {', '.join(_NEW_KEY)}; `kvbench results upgrade {path.parent}` keeps those that can be "
+                f"some of {', '.join(NEW_KEY)}; `kvbench results upgrade {path.parent}` keeps those that can be "
                 "upgraded, rerun into a new --out for the rest"
             )
         return out
@@ -131,7 +131,7 @@ def iter_file(
     last: bool = True,
     decode: Callable[[bytes], Any] = loads_row,
 ) -> Iterator[tuple[tuple, dict]]:
-    """``(row_key(row), row)`` for the rows of one results file, line by line, by the rules of :func:`_scan` (a
+    """``(row_key(row), row)`` for the rows of one results file, line by line, by the rules of :func:`scan_results` (a
     bad line that is not the file's last is corruption; an incomplete last line is skipped and counted in
     ``stats``, legacy rows too), without changing the file. ``span``: only the bytes ``[start, end)`` (a
     :func:`file_spans` piece; default: the whole file as long as it is when opened, never what a writer
@@ -151,7 +151,7 @@ def iter_file(
                 number += 1
                 if bad is not None:
                     raise _corrupt(path, fh, start, number - 1)
-                parsed = _parse_keyed(line, decode) if line.strip() else None
+                parsed = parse_keyed(line, decode) if line.strip() else None
                 if parsed is None:
                     bad = line
                     continue

@@ -1,5 +1,5 @@
-"""A whole results file parsed for its writer (:func:`_scan`): its rows, its legacy rows, and what a crash may
-have left after its last complete row, which the writer's first append repairs (:func:`_repair_tail`).
+"""A whole results file parsed for its writer (:func:`scan_results`): its rows, its legacy rows, and what a crash may
+have left after its last complete row, which the writer's first append repairs (:func:`repair_tail`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.results_keys import LEGACY, ResultsError, _parse_keyed
+from kvbench.results_keys import LEGACY, ResultsError, parse_keyed
 
 
 @dataclass
-class _Scan:
+class Scan:
     """One results file, parsed. ``good_end``: byte offset just past the last complete, valid line.
     ``tail``: what follows it (b"" when the file ends cleanly); ``tail_row`` the row when the tail is a
     complete row that only lacks its newline."""
@@ -25,14 +25,14 @@ class _Scan:
     tail_row: dict | None
 
 
-def _scan(data: bytes, path: Path) -> _Scan:
+def scan_results(data: bytes, path: Path) -> Scan:
     """Parse a results file's bytes; a bad line anywhere but last is corruption (ResultsError)."""
     lines = data.split(b"\n")
     tail = lines.pop()  # bytes after the last newline: b"" when the file ends cleanly
     rows: list[dict] = []
     legacy = good_end = 0
     for i, line in enumerate(lines):
-        parsed = _parse_keyed(line)
+        parsed = parse_keyed(line)
         if parsed is None:
             if i == len(lines) - 1 and not tail:
                 tail = line + b"\n"  # a bad last line is a crash signature, not corruption
@@ -46,17 +46,17 @@ def _scan(data: bytes, path: Path) -> _Scan:
         else:
             rows.append(parsed[0])
         good_end += len(line) + 1
-    tail_parsed = _parse_keyed(tail) if tail and not tail.endswith(b"\n") else None
+    tail_parsed = parse_keyed(tail) if tail and not tail.endswith(b"\n") else None
     tail_row = None
     if tail_parsed is not None:
         if tail_parsed[1] == LEGACY:
             legacy += 1
         else:
             tail_row = tail_parsed[0]
-    return _Scan(rows, legacy, good_end, tail, tail_row)
+    return Scan(rows, legacy, good_end, tail, tail_row)
 
 
-def _repair_tail(fd: int, path: Path, scan: _Scan, kept: int) -> str:
+def repair_tail(fd: int, path: Path, scan: Scan, kept: int) -> str:
     """Repair what a crash left after the last complete row of ``path`` (``scan``, open for appending as ``fd``):
     add the missing newline of a complete last row, or set a partial last line aside
     (``<file>.partial-<pid>-<ns>``) and truncate the file back to its last complete row. Returns the message that

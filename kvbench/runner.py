@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import budgets
-from kvbench.answer_pool import AnswerPool, _pool_size
+from kvbench.answer_pool import AnswerPool, pool_size
 from kvbench.engines import ENGINES
 from kvbench.engines.base import EngineBase
 from kvbench.errors import KvbenchError
@@ -37,7 +37,7 @@ from kvbench.models import LoadedModel, load_model, max_positions
 from kvbench.prompt import Rendered, render
 from kvbench.results import ResultsStore
 from kvbench.rows import P_DECIMALS
-from kvbench.run_answer import Asked, _fork_and_answer, _memory_limit, _run_query_aware, _score
+from kvbench.run_answer import Asked, fork_and_answer, memory_limit, run_query_aware, score_parent
 from kvbench.run_artifacts import method_artifacts
 from kvbench.run_manifest import manifest_entry, model_shape
 from kvbench.run_plan import (
@@ -47,7 +47,7 @@ from kvbench.run_plan import (
     PlanEntry,
     RunConfig,
     RunSummary,
-    _engine_dtype,
+    engine_dtype,
     check_models,
     check_threads,
     parse_shard,
@@ -117,7 +117,7 @@ def run(
     :class:`ShardContexts`)."""
     console = console or make_console(stderr=True)
     plan = validate(config)
-    _engine_dtype(config)
+    engine_dtype(config)
     with ResultsStore(config.out, config.shard) as store:
         return _run_locked(config, console, lm, plan, store, on_progress)
 
@@ -137,7 +137,7 @@ def _run_locked(
         torch.set_num_threads(config.threads)
     if lm is None:  # an engine that loads the checkpoint itself needs no torch copy of its weights
         weights = ENGINES.get(config.engine).torch_weights
-        lm = load_model(config.model, device=config.device, dtype=_engine_dtype(config), weights=weights)
+        lm = load_model(config.model, device=config.device, dtype=engine_dtype(config), weights=weights)
     config = resolve_defaults(config, lm)
     if config.length > max_positions(lm):
         raise KvbenchError(
@@ -190,7 +190,7 @@ def _run_locked(
                 progress=progress,
                 bar=bar.task,
             )
-            with AnswerPool(state, _pool_size(config, engine), bar.finished) as pool:
+            with AnswerPool(state, pool_size(config, engine), bar.finished) as pool:
                 for ctx in contexts:
                     bar.show(ctx)
                     if not _run_context(state, ctx, pool):
@@ -247,7 +247,7 @@ def _pending(run: RunState, parent: ParentContext) -> Pending:
 
 def _run_context(run: RunState, ctx: Context, pool: AnswerPool) -> bool:
     """Every pending row of ``ctx``: prefill it once, then per method score once and per (allocation, p) fork a
-    child and answer (a query-aware method: :func:`_run_query_aware`). A context without pending rows is not
+    child and answer (a query-aware method: :func:`run_query_aware`). A context without pending rows is not
     prefilled. When every child of the context fits in one batch, its children and parent go to ``pool``, which
     answers them together with other contexts' (True: its rows are written when the pool flushes)."""
     parent = ParentContext(ctx, render(run.lm.tokenizer, ctx, max_length=run.engine.max_context))
@@ -273,19 +273,19 @@ def _run_context(run: RunState, ctx: Context, pool: AnswerPool) -> bool:
             if not any(todo.values()):
                 continue
             if method.query_aware:
-                _run_query_aware(run, parent, method, todo, batch)
+                run_query_aware(run, parent, method, todo, batch)
                 continue
             run.say(f"{ctx.task} #{ctx.item} {method.name}: scoring")
-            scored = _score(parent, method)
+            scored = score_parent(parent, method)
             units += [Unit(scored, alloc, p, questions) for (alloc, p), questions in todo.items() if questions]
             while len(units) >= batch and not pool_it:
-                _fork_and_answer(run, parent, units[:batch])
+                fork_and_answer(run, parent, units[:batch])
                 units = units[batch:]
         if units and pool_it:
             pool.add(parent, units)
             pooled = True
         elif units:
-            _fork_and_answer(run, parent, units)
+            fork_and_answer(run, parent, units)
     finally:
         if not pooled:
             session.release()
@@ -299,7 +299,7 @@ def _batch_size(run: RunState, parent: ParentContext) -> int:
     if run.config.answer_batch is not None:
         return run.config.answer_batch
     session = parent.session
-    limit = _memory_limit(parent)
+    limit = memory_limit(parent)
     return max(1, min(limit, session.max_live_children or limit))
 
 
