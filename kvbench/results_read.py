@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.results_io import read_json
-from kvbench.results_keys import NEW_KEY, RESULTS_NAME, LEGACY, RESULTS_GLOB, ResultsError, parse_keyed, loads_row
+from kvbench.results_keys import LEGACY, NEW_KEY, RESULTS_GLOB, RESULTS_NAME, ResultsError, loads_row, parse_keyed
 
 
 @dataclass

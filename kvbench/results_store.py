@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.results_io import atomic_write, read_file_bytes, read_json, write_error
 from kvbench.results_keys import (
-    RESULTS_NAME,
     RESULTS_GLOB,
+    RESULTS_NAME,
     ROW_KEY,
     ResultsError,
     legacy_error,
@@ -21,7 +21,7 @@ from kvbench.results_keys import (
     row_key,
 )
 from kvbench.results_lock import ResultsLock, check_results_file
-from kvbench.results_scan import repair_tail, Scan, scan_results
+from kvbench.results_scan import Scan, repair_tail, scan_results
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -70,7 +70,8 @@ class ResultsStore:
                 self._lock = ResultsLock(lock_path, wait=False)
             except BlockingIOError:
                 raise ResultsError(
-                    f"{self.path} is being written by another kvbench run, {ResultsLock.holder(lock_path)}: wait for it "
+                    f"{self.path} is being written by another kvbench run, "
+                    f"{ResultsLock.holder(lock_path)}: wait for it "
                     "to finish, or use another --out (shards of one run: --shard i/N, each its own file)"
                 ) from None
             self._open()

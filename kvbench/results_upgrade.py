@@ -13,11 +13,11 @@ from pathlib import Path
 
 from kvbench.results_io import atomic_write, read_file_bytes, write_error
 from kvbench.results_keys import (
+    LEGACY,
     NEW_KEY,
+    RESULTS_GLOB,
     RESULTS_NAME,
     UPGRADE_TO_NULL_FIELDS,
-    LEGACY,
-    RESULTS_GLOB,
     ResultsError,
     parse_keyed,
     row_key,
@@ -43,8 +43,8 @@ class Upgrade:
 
 def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool], taken: set[tuple]) -> tuple:
     """``(Upgrade, new file bytes)`` for one results file's bytes. ``taken``: the keys of the directory's current
-    rows and of the rows upgraded so far (updated). ``data`` has passed :func:`scan_results`, so only its last line can fail
-    to be a row: it is left out."""
+    rows and of the rows upgraded so far (updated). ``data`` has passed :func:`scan_results`, so only its last line
+    can fail to be a row: it is left out."""
     report, out = Upgrade(path), []
     lines = data.split(b"\n")
     tail = lines.pop()
@@ -109,7 +109,9 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
                     f"{p} is being written by {ResultsLock.holder(lock_path)}: let that run finish, then upgrade"
                 ) from None
         data = {p: read_file_bytes(p) for p in paths}
-        taken = {row_key(r) for p in paths for r in scan_results(data[p], p).rows}  # an upgraded row never displaces one
+        taken = {
+            row_key(r) for p in paths for r in scan_results(data[p], p).rows
+        }  # an upgraded row never displaces one
         reports = [_upgrade_lines(data[p], p, artifact_free, taken) for p in paths]
         if dry_run:
             return [r for r, _ in reports]

@@ -116,7 +116,10 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     calls = _run(repo, "qwen3_next", from_scratch=False)
     assert _stages(calls) == TEN and "--init kvbench/builtin/tiny-trained " in calls[0]
     assert "--mix scbench_kv8_short=0.3,scbench_kv8_short_echo=0.2," in calls[0]
-    assert "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[1] and "--init models/tiny-trained/stage10s/final " in calls[1]
+    assert (
+        "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[1]
+        and "--init models/tiny-trained/stage10s/final " in calls[1]
+    )
     assert "--init models/tiny-trained/stage10a/final " in calls[2]
     assert "--export kvbench/builtin/tiny-trained" in calls[4] and calls[-1] == "calibrate tiny-trained"
 
