@@ -102,6 +102,30 @@ def _eval_json(mlp_ov10: float, ridge_ov10: float) -> dict:
     return {"predictors": preds, "attn_layer_ids": [3, 7, 11]}
 
 
+def _cells_json() -> dict:
+    """A per-cell analysis by hand: in every window half the cells at ρ 0.3, half at 0.05 (50 % above 0.1, none
+    above 0.39); GDN layer 0 the best for every attention layer (outside the last one's window); the oracle at
+    20 % overlap@10; the slow-head write's top decile above chance, its bottom decile below."""
+    gdn = [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    windows = [[0, 1, 2], [0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8]]
+    layer = {"rho": 0.2, "ov@5": 0.1, "ov@10": 0.2, "ov@20": 0.3, "cov@5": 0.2, "cov@10": 0.3, "cov@20": 0.4}
+    return {
+        "attn_layer_ids": [3, 7, 11],
+        "gdn_layer_ids": gdn,
+        "windows": windows,
+        "n_documents": 12,
+        "slow_heads": 1,
+        "cell_rho": [[[0.3, 0.05] for _ in gdn] for _ in windows],
+        "layer_rho": [[0.5 if j == 0 else 0.1 for j in range(len(gdn))] for _ in windows],
+        "best_layer": [0, 0, 0],
+        "oracle": {"layer_mean": layer, "per_layer": [layer] * 3, "cells": [[[0, 0], [0, 1]]] * 3},
+        "decile_lift": {
+            "slow-head β‖v‖": {"top": 1.5, "bottom": 0.8},
+            "β‖v‖, window mean": {"top": 1.1, "bottom": 1.2},
+        },
+    }
+
+
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     from kvbench.report.data import frame, usable
@@ -131,6 +155,9 @@ def page(tmp_path_factory):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 # window 3 below window 6: Table 7's finding holds; the MLP below ridge: Table 1's does not
                 path.write_text(json.dumps(_eval_json(0.30 if grid.window == 6 else 0.25, 0.35)))
+            elif grid.kind == "cells":
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(_cells_json()))
             elif grid.kind == "labels" and grid.label_set == "short":
                 path.parent.mkdir(parents=True, exist_ok=True)
                 stats = half_life_stats([[1.0, 10.0, 2000.0, 5.0], [2.0, 20.0, 3000.0, 4.0]])
@@ -164,6 +191,12 @@ def test_verdicts_from_fixture_numbers(page):
     assert v["mlp-beats-ridge-tail"].status == NOT_HELD and v["window-3-loses"].status == NOT_HELD  # rho 0.49 both
     assert v["head-order-stable"].status == HELD and v["slow-set-stable"].status == HELD
     assert v["estimator-holds-longer"].status.startswith("not measurable")  # no artifact evaluation in the fixture
+    # the per-cell findings from _cells_json: 50 % of window cells above 0.1, none above 0.39, the best GDN layer
+    # outside the last window, the oracle's 20 % under ridge's 35 and the MLP's 30; the bottom-decile lift 0.8 < 1
+    assert v["cells-informative"].status == HELD and v["no-cell-strong"].status == HELD
+    assert v["best-layer-not-always-in-window"].status == HELD and v["oracle-below-learned"].status == HELD
+    assert v["slow-write-decile-lift"].status == NOT_HELD
+    assert "bottom_decile_lift" in " ".join(v["slow-write-decile-lift"].deciding)
 
 
 def test_page_has_every_artifact_and_labels_tiny_numbers(page):
@@ -172,9 +205,14 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     md = (out / "paper.md").read_text()
     for art in A.ARTIFACTS:
         assert f'id="{art.id}"' in html_text and f"## {art.title}: {art.caption}" in md
-    for fid in ("fig6", "fig7"):
-        section = md.split(f"## {next(a.title for a in A.ARTIFACTS if a.id == fid)}")[1].split("## ")[0]
-        assert "Not reproduced at --scale tiny" in section
+    sections = {a.id: md.split(f"## {a.title}: ")[1].split("\n## ")[0] for a in A.ARTIFACTS}
+    assert not [a for a, text in sections.items() if "Not reproduced at --scale tiny" in text]
+    assert "8K row is not reproducible at tiny scale" in sections["table6"]
+    # Table 5's oracle row beside the paper's, Figure 2c's lifts, Figure 7's best layer outside the last window
+    assert "| Table 5 | best single GDN head (oracle) | Ov@10 | 22.6 % | Qwen3.8-27B | 20.0 |" in sections["table1_5"]
+    assert "| tiny-trained-dense | slow-head β‖v‖ | 1.50× | 0.80× |" in sections["fig2"]
+    assert "| tiny-trained-dense | 11 | 4, 5, 6, 8, 9, 10 | 0 | +0.500 | +0.100 | yes |" in sections["fig7"]
+    assert "| Section 3.3; Figure 6 | window cells with \\|ρ\\| > 0.1, fewest of the four panels |" in sections["fig6"]
     assert "TINY-MODEL NUMBER" in md
     headers = [line for line in md.splitlines() if line.startswith("| source | row |")]
     assert headers and all("measured (tiny-model number)" in h for h in headers)
@@ -191,6 +229,7 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     assert any(f.startswith("figs9_12-main-scbench") and f.endswith(".png") for f in figs)
     assert any(f.startswith("table4-alloc-ruler") for f in figs) and any(f.startswith("fig1-") for f in figs)
     assert any(f.startswith("fig8-") for f in figs) and any(f.startswith("fig2-") for f in figs)
+    assert any(f.startswith("fig6-") and f.endswith(".png") for f in figs)
     assert html_text.count("data:image/png;base64,") == sum(f.endswith(".png") for f in figs)
 
 

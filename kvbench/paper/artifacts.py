@@ -2,8 +2,9 @@
 ``--scale paper``, or the stated reason it is not reproducible at that scale. Pure data and functions.
 
 A :class:`Grid` is one unit of work: a ``kvbench run`` grid (``kind="run"``), the scoring-cost measurement
-(``"cost"``, :func:`kvbench.cost.measure_cost`), GateSight labels (``"labels"``, ``kvbench gatesight label``) or a
-predictor evaluation on them (``"eval"``, ``kvbench gatesight eval``). Grids are shared between artifacts (Table 3
+(``"cost"``, :func:`kvbench.cost.measure_cost`), GateSight labels (``"labels"``, ``kvbench gatesight label``), a
+predictor evaluation on them (``"eval"``, ``kvbench gatesight eval``) or their per-cell analysis (``"cells"``:
+Figures 6 and 7, Table 5's oracle row, Figure 2c). Grids are shared between artifacts (Table 3
 and Figures 4 and 9-12 read the same runs); :func:`plan` lists each once, in the order first needed.
 
 Model roles: ``main`` is compared with the paper's Qwen3.8-27B, ``second`` with Qwen3.8-Flash-Next. At tiny
@@ -42,8 +43,8 @@ class Grid:
     """One unit of work. ``models``: ``"all"`` (every model of the run) or ``"main"``. Run grids: ``bench``,
     ``tasks``, ``methods``, ``allocations`` (None: each method's default), ``ps``, ``limit`` (items per task),
     ``questions`` (questions per context, for the estimate). Cost: ``lengths`` (tokens), ``repeats``. Labels:
-    ``docs_per_kind`` (None: every document of ``--corpus``), ``max_doc_tokens``, ``label_set``. Eval: ``label_set``
-    (which labels), ``window`` (GDN layers), ``artifact`` (evaluate the trained estimator instead of
+    ``docs_per_kind`` (None: every document of ``--corpus``), ``max_doc_tokens``, ``label_set``. Eval and cells:
+    ``label_set`` (which labels), ``window`` (GDN layers), ``artifact`` (evaluate the trained estimator instead of
     leave-one-corpus-out training)."""
 
     name: str
@@ -81,6 +82,11 @@ class Grid:
         if self.kind == "labels":
             docs = "every document" if self.docs_per_kind is None else f"{self.docs_per_kind} documents per kind"
             return f"kvbench gatesight label: {docs}, cut to {self.max_doc_tokens} tokens (set {self.label_set})"
+        if self.kind == "cells":
+            return (
+                f"per-cell analysis of set {self.label_set}, window {self.window}: cell ρ (Figures 6, 7), the "
+                "single-head oracle (Table 5), decile lifts (Figure 2c)"
+            )
         how = "the trained estimator on every document" if self.artifact else "leave-one-corpus-out, ridge and MLP"
         return f"kvbench gatesight eval on set {self.label_set}: window {self.window}, {how}"
 
@@ -105,10 +111,17 @@ _NEEDS_CORPUS = (
     "needs --corpus DIR: the paper's 2,428 documents of 750 to 1,250 tokens from nine subsets of the "
     "Nemotron pretraining sample (one subdirectory per subset), which kvbench does not ship"
 )
-_NO_CELLS = (
-    "kvbench gatesight eval computes no per-cell (GDN layer, head) correlations; this figure is not "
-    "implemented at either scale"
+_CELLS = ("labels-short", "cells-short")
+_NO_8K = (
+    "the 8K row is not reproducible at tiny scale: the shipped tiny models are trained on contexts of at most "
+    "4,096 tokens, so an 8,192-token document is outside what they model"
 )
+_NO_RULER8K = "RULER-8K labels (GateSight labels of bench contexts) are not implemented"
+#: Table 6's and Figure 2d's longer label sets and the estimator's evaluation on each
+_LONGER = {
+    "tiny": ("labels-2k", "eval-2k", "labels-4k", "eval-4k"),
+    "paper": ("labels-2k", "eval-2k", "labels-4k", "eval-4k", "labels-8k", "eval-8k"),
+}
 
 #: The paper's tables and figures in the paper's order.
 ARTIFACTS: tuple[Artifact, ...] = (
@@ -128,12 +141,13 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Figure 2",
         "Native GDN signals against future KV utility U",
         "signals",
-        grids={"tiny": (*_GS, "labels-2k", "eval-2k"), "paper": (*_GS, "labels-2k", "eval-2k")},
+        grids={
+            "tiny": (*_GS, "cells-short", *_LONGER["tiny"]),
+            "paper": (*_GS, "cells-short", *_LONGER["paper"]),
+        },
         partial={
-            "tiny": "panel (c), the decile lift, is not computed; panel (d) has the 1K and 2K sets only "
-            "(the tiny models are trained to 4,096 tokens; RULER-8K labels are not implemented)",
-            "paper": "panel (c), the decile lift, is not computed; panel (d)'s RULER-8K set is not "
-            "implemented (labels of bench contexts)",
+            "tiny": f"panel (d) has the 1K, 2K and 4K sets only ({_NO_8K}; {_NO_RULER8K})",
+            "paper": f"panel (d)'s RULER-8K set is not implemented ({_NO_RULER8K})",
         },
     ),
     Artifact(
@@ -141,11 +155,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Tables 1 / 5",
         "Predicting U: ρ, Ov@k, Cov@k, leave-one-corpus-out",
         "predictors",
-        grids={"tiny": _GS, "paper": _GS},
-        partial={
-            "tiny": "the single-head oracle row is not computed by kvbench gatesight eval",
-            "paper": "the single-head oracle row is not computed by kvbench gatesight eval",
-        },
+        grids={"tiny": (*_GS, "cells-short"), "paper": (*_GS, "cells-short")},
     ),
     Artifact(
         "fig4",
@@ -189,15 +199,16 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "fig6",
         "Figure 6",
         "Per-cell correlation within the estimator's window",
-        "reason",
-        reasons={"tiny": _NO_CELLS, "paper": _NO_CELLS},
+        "cells",
+        grids={"tiny": _CELLS, "paper": _CELLS},
+        partial={"tiny": "every attention layer's window (3 on the tiny models; the paper shows 4 of its 16)"},
     ),
     Artifact(
         "fig7",
         "Figure 7",
         "The GDN layer whose effective write correlates most with U",
-        "reason",
-        reasons={"tiny": _NO_CELLS, "paper": _NO_CELLS},
+        "best_layer",
+        grids={"tiny": _CELLS, "paper": _CELLS},
     ),
     Artifact(
         "fig8",
@@ -213,14 +224,15 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Across context length and task text: ρ and Ov@10 of the estimator",
         "lengths",
         grids={
-            "tiny": ("labels-short", "eval-short-artifact", "labels-2k", "eval-2k"),
-            "paper": ("labels-short", "eval-short-artifact", "labels-2k", "eval-2k"),
+            "tiny": ("labels-short", "eval-short-artifact", *_LONGER["tiny"]),
+            "paper": ("labels-short", "eval-short-artifact", *_LONGER["paper"]),
         },
         partial={
-            "tiny": "the 1K and 2K rows only (4K and 8K documents exceed what labelling costs here; "
-            "RULER-8K labels are not implemented); the shipped estimator was trained on about "
-            "3,800-token documents, so unlike the paper's both rows are shorter than training",
-            "paper": "the 4K, 8K and RULER-8K rows are not implemented",
+            "tiny": f"the 1K, 2K and 4K rows ({_NO_8K}; {_NO_RULER8K}); the 4K set's documents are cut to "
+            "3,840 tokens so that a document and its 128-token continuations stay within those 4,096 "
+            "positions; the shipped estimator was trained on about 3,800-token documents, so unlike the "
+            "paper's its 1K and 2K rows are shorter than training and its 4K row is about its length",
+            "paper": f"the RULER-8K row is not implemented ({_NO_RULER8K})",
         },
     ),
     Artifact(
@@ -239,15 +251,23 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Estimator window sweep: held-out metrics per window of GDN layers",
         "window",
         grids={
-            "tiny": ("labels-short", "eval-short-w3", "eval-short-w6"),
+            "tiny": ("labels-short", "eval-short-w3", "eval-short-w6", "eval-short-w9"),
             "paper": ("labels-short", "eval-short-w3", "eval-short-w6", "eval-short-w9", "eval-short-w12"),
         },
         partial={
-            "tiny": "windows 3 and 6 only: the tiny models have 9 GDN layers, at most 6 before an "
-            "attention layer, so windows 9 and 12 read the same layers as 6"
+            "tiny": "windows 3, 6 and 9 only: the tiny models have 9 GDN layers, so a window of 12 reads the "
+            "same layers as 9 (and 9 differs from 6 only for the last attention layer, the one with 9 "
+            "GDN layers before it)"
         },
     ),
 )
+
+
+#: the longer label sets of each scale (Table 6's rows beyond 1K)
+_SETS = {"tiny": ("2k", "4k"), "paper": ("2k", "4k", "8k")}
+#: their documents' length cap (tokens): at tiny scale the 4K set leaves room for the 128-token continuations
+#: within the 4,096 positions the tiny models are trained on
+_SET_TOKENS = {"tiny": {"2k": 2048, "4k": 3840}, "paper": {"2k": 2048, "4k": 4096, "8k": 8192}}
 
 
 def _grids(scale: str, corpus: bool) -> dict[str, Grid]:
@@ -295,25 +315,29 @@ def _grids(scale: str, corpus: bool) -> dict[str, Grid]:
             max_doc_tokens=1000 if tiny else 1250,
             label_set="short",
         ),
-        Grid(
-            "labels-2k",
-            kind="labels",
-            models="main",
-            docs_per_kind=2 if tiny else None,
-            max_doc_tokens=2048,
-            label_set="2k",
-        ),
+        *[
+            Grid(
+                f"labels-{name}",
+                kind="labels",
+                models="main",
+                docs_per_kind=2 if tiny else None,
+                max_doc_tokens=_SET_TOKENS[scale][name],
+                label_set=name,
+            )
+            for name in _SETS[scale]
+        ],
         *[
             Grid(f"eval-short-w{w}", kind="eval", models="main", label_set="short", window=w)
-            for w in ((3, 6) if tiny else (3, 6, 9, 12))
+            for w in ((3, 6, 9) if tiny else (3, 6, 9, 12))
         ],
         Grid("eval-short-artifact", kind="eval", models="main", label_set="short", artifact=True),
-        Grid("eval-2k", kind="eval", models="main", label_set="2k", artifact=True),
+        *[Grid(f"eval-{name}", kind="eval", models="main", label_set=name, artifact=True) for name in _SETS[scale]],
+        Grid("cells-short", kind="cells", models="main", label_set="short", window=6),
     ]
     out = {g.name: g for g in grids}
     if not tiny and not corpus:
         for name, g in out.items():
-            if g.kind in ("labels", "eval"):
+            if g.kind in ("labels", "eval", "cells"):
                 out[name] = replace(g, note=_NEEDS_CORPUS)
     return out
 
@@ -386,10 +410,17 @@ def plan(scale: str = "tiny", models: list[str] | None = None, corpus: bool = Fa
 
 
 def shrink(
-    p: Plan, limit: int | None = None, lengths: tuple[int, ...] | None = None, repeats: int | None = None
+    p: Plan,
+    limit: int | None = None,
+    lengths: tuple[int, ...] | None = None,
+    repeats: int | None = None,
+    ps: tuple[float, ...] | None = None,
 ) -> Plan:
     """``p`` with smaller grids: items per task and label documents per kind capped at ``limit``, the cost grid's
-    ``lengths`` and ``repeats`` replaced (a reduced run: ``kvbench paper --limit 1 --lengths 1024 --repeats 1``)."""
+    ``lengths`` and ``repeats`` replaced, the run grids' kept fractions replaced by ``ps`` (a reduced run:
+    ``kvbench paper --limit 1 --lengths 1024 --repeats 1 --p 0.7,0.1``)."""
+    if ps is not None and (not ps or any(not 0 < x <= 1 for x in ps)):
+        raise KvbenchError(f"--p {','.join(map(str, ps or ()))}: give kept fractions in (0, 1], e.g. 0.7,0.1")
     if limit is not None and limit < 1:
         raise KvbenchError(f"--limit {limit}: give at least 1 item per task")
     if lengths is not None and (not lengths or min(lengths) < 64):
@@ -400,6 +431,8 @@ def shrink(
     def small(g: Grid) -> Grid:
         if limit is not None and g.kind == "run":
             g = replace(g, limit=min(g.limit, limit))
+        if ps is not None and g.kind == "run":
+            g = replace(g, ps=tuple(ps))
         if limit is not None and g.kind == "labels" and g.docs_per_kind is not None:
             g = replace(g, docs_per_kind=min(g.docs_per_kind, limit))
         if g.kind == "cost":

@@ -92,6 +92,12 @@ def paper(
         help="Context lengths of the cost grid, comma separated (default: 4096,16384 tiny; 4K to 256K paper).",
     ),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Measured rounds of the cost grid (default 3)."),
+    fractions: Optional[str] = typer.Option(
+        None,
+        "--p",
+        help="Kept fractions of the run grids, comma separated (default: the paper's nine, 0.9 to 0.1); fewer "
+        "give a reduced run whose nine-fraction means stay empty.",
+    ),
 ) -> None:
     """Every table and figure of the GateSight paper: run each one's grid, render paper.md and index.html with the
     paper's numbers beside the measured ones and a verdict per finding (docs/paper.md)."""
@@ -105,7 +111,11 @@ def paper(
         cost_lengths = tuple(int(x) for x in _split(lengths)) if lengths else None
     except ValueError:
         raise KvbenchError(f"--lengths {lengths!r}: give comma-separated integers, e.g. 4096,16384") from None
-    p = shrink(plan(scale, _split(model) or None, corpus=corpus is not None), limit, cost_lengths, repeats)
+    try:
+        ps = tuple(float(x) for x in _split(fractions)) if fractions else None
+    except ValueError:
+        raise KvbenchError(f"--p {fractions!r}: give comma-separated fractions, e.g. 0.7,0.1") from None
+    p = shrink(plan(scale, _split(model) or None, corpus=corpus is not None), limit, cost_lengths, repeats, ps)
     if dry_run:
         costs = load_costs()
         if results:

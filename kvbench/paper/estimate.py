@@ -96,9 +96,11 @@ def _labels_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
 
 
 def _eval_estimate(grid: Grid, model: str, costs: dict, docs: int | None = None) -> Estimate:
-    key = "artifact" if grid.artifact else "loco"
+    key = "cells" if grid.kind == "cells" else "artifact" if grid.artifact else "loco"
     rate = costs.get("eval", {}).get(f"{key}_s_per_doc")
-    counts = "1 evaluation" if grid.artifact else "1 evaluation, one training per held-out corpus"
+    counts = {"cells": "1 per-cell analysis", "artifact": "1 evaluation"}.get(
+        key, "1 evaluation, one training per held-out corpus"
+    )
     if docs is not None:
         counts += f" over {docs} documents"
     if rate is None or docs is None:
@@ -110,7 +112,7 @@ def _eval_estimate(grid: Grid, model: str, costs: dict, docs: int | None = None)
 def estimate_grid(grid: Grid, model: str, costs: dict, docs: int | None = None) -> Estimate:
     """The estimate of ``grid`` on ``model`` from ``costs`` (see ``costs.json``); ``docs``: the documents of an eval
     grid's label set (None: not known)."""
-    if grid.kind == "eval":
+    if grid.kind in ("eval", "cells"):
         return _eval_estimate(grid, model, costs, docs)
     return {"run": _run_estimate, "cost": _cost_estimate, "labels": _labels_estimate}[grid.kind](grid, model, costs)
 
@@ -183,7 +185,8 @@ def format_dry_run(p: Plan, costs: dict) -> list[str]:
     for grid in p.grids:
         lines.append(f"  {grid.name}: {grid.describe()}")
         for model in p.models_of(grid):
-            est = estimate_grid(grid, model, costs, label_docs(p, grid.label_set) if grid.kind == "eval" else None)
+            docs = label_docs(p, grid.label_set) if grid.kind in ("eval", "cells") else None
+            est = estimate_grid(grid, model, costs, docs)
             when = f"~{format_minutes(est.seconds)}" if est.seconds is not None else "time unknown"
             lines.append(f"    {model}: {est.counts}; {when}" + ("" if est.seconds is not None else f" ({est.why})"))
             if est.seconds is None:

@@ -6,7 +6,8 @@
   allocations) and p, plus ``"mean"`` over the nine p when all nine are there;
 * cost: ``score_s``, ``prefill_s`` and ``ratio`` (scoring / prefill) per method and length;
 * predictor: every predictor's layer-mean metric (ρ as is, overlap / coverage in %), and per attention layer;
-* dynamics: Figure 1's half-life statistics.
+* dynamics: Figure 1's half-life statistics;
+* cells: Table 5's oracle row, Figure 2c's decile lifts, Figures 6 and 7 per attention layer (:func:`cell_values`).
 
 Model roles (``main`` / ``second``) come from :func:`kvbench.paper.artifacts.model_roles`.
 """
@@ -21,7 +22,15 @@ from typing import Any
 from kvbench.paper.artifacts import ALL_P, Grid, Plan, model_roles
 from kvbench.paper.numbers import spec_key
 
-__all__ = ["accuracy_cells", "accuracy_values", "cost_values", "eval_set", "measure_all", "predictor_values"]
+__all__ = [
+    "accuracy_cells",
+    "accuracy_values",
+    "cell_values",
+    "cost_values",
+    "eval_set",
+    "measure_all",
+    "predictor_values",
+]
 
 
 def _pct(metric: str, value: float) -> float:
@@ -128,6 +137,43 @@ def predictor_values(result: dict, role: str, set_name: str, window: int) -> dic
     return out
 
 
+#: |ρ| above which a cell counts as correlated with U (Figure 6's share)
+CELL_RHO = 0.1
+ORACLE = "best single GDN head (oracle)"  # = kvbench.methods.gatesight.paper_cells.ORACLE (a test checks)
+
+
+def cell_values(cells: dict, role: str, set_name: str, window: int) -> dict[str, float]:
+    """A ``cells`` stage JSON -> measured values: Table 5's oracle row and Figure 2c's decile lifts as predictor
+    specs; per attention layer (``kind: cells``, ``layer``) Figure 6's share of window cells with |ρ| > 0.1 (%)
+    and largest cell ρ, Figure 7's best preceding GDN layer (its global index) and whether it lies outside the
+    window (1 / 0); over all layers the fewest and most such shares and the largest cell ρ."""
+    base = {"kind": "predictor", "model": role, "set": set_name, "window": window}
+    out = predictor_values({"predictors": {ORACLE: cells["oracle"]}}, role, set_name, window)
+    for name, lift in cells.get("decile_lift", {}).items():
+        for side in ("top", "bottom"):
+            out[spec_key({**base, "predictor": name, "metric": f"{side}_decile_lift"})] = float(lift[side])
+    gdn_ids = cells["gdn_layer_ids"]
+    shares, maxima = [], []
+    for f, (rho, win) in enumerate(zip(cells["cell_rho"], cells["windows"], strict=True)):
+        inside = [r for j in win for r in rho[j]]
+        layer = {"kind": "cells", "model": role, "layer": f}
+        if inside:
+            shares.append(100.0 * sum(abs(r) > CELL_RHO for r in inside) / len(inside))
+            maxima.append(max(inside))
+            out[spec_key({**layer, "metric": "share_cells_rho_above_0.1"})] = shares[-1]
+            out[spec_key({**layer, "metric": "max_cell_rho"})] = maxima[-1]
+        best = cells["best_layer"][f]
+        if best is not None:
+            out[spec_key({**layer, "metric": "best_gdn_layer"})] = float(gdn_ids[best])
+            out[spec_key({**layer, "metric": "best_layer_outside_window"})] = float(best not in win)
+    if shares:
+        whole = {"kind": "cells", "model": role}
+        out[spec_key({**whole, "metric": "share_cells_rho_above_0.1_min"})] = min(shares)
+        out[spec_key({**whole, "metric": "share_cells_rho_above_0.1_max"})] = max(shares)
+        out[spec_key({**whole, "metric": "max_cell_rho"})] = max(maxima)
+    return out
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -137,11 +183,12 @@ def _read_json(path: Path) -> dict | None:
 
 def measure_all(out: Path, p: Plan, df: Any) -> tuple[dict[str, float], dict[str, dict]]:
     """Every measured value of ``out`` (a ``kvbench paper`` directory) for plan ``p`` and the results frame
-    ``df`` (None: no rows), and the raw per-model inputs (``cost``, ``eval``, ``dynamics``) the page draws from."""
+    ``df`` (None: no rows), and the raw per-model inputs (``cost``, ``eval``, ``dynamics``, ``cells``) the page
+    draws from."""
     from kvbench.paper.stages import grid_paths
 
     measured = accuracy_values(df, p) if df is not None else {}
-    raw: dict[str, dict] = {"cost": {}, "eval": {}, "dynamics": {}}
+    raw: dict[str, dict] = {"cost": {}, "eval": {}, "dynamics": {}, "cells": {}}
     roles = {name: role for role, name in model_roles(p.models).items()}
     for grid in p.grids:
         for model in p.models_of(grid):
@@ -156,6 +203,11 @@ def measure_all(out: Path, p: Plan, df: Any) -> tuple[dict[str, float], dict[str
                 if data:
                     raw["eval"][(model, grid.name)] = data
                     measured.update(predictor_values(data, role, eval_set(grid), grid.window))
+            elif grid.kind == "cells":
+                data = _read_json(grid_paths(out, grid, model))
+                if data:
+                    raw["cells"][model] = data
+                    measured.update(cell_values(data, role, grid.label_set, grid.window))
             elif grid.kind == "labels":
                 data = _read_json(grid_paths(out, grid, model).parent / f"dynamics-{grid.label_set}.json")
                 if data:

@@ -26,6 +26,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "cost": ("method", "length", "stat"),
     "predictor": ("set", "window", "predictor", "metric"),
     "dynamics": ("metric",),
+    "cells": ("metric",),
 }
 _VALUE_KEYS = ("id", "artifact", "source", "row", "column", "value", "unit", "measure")
 _FINDING_KEYS = ("id", "artifact", "source", "text", "rule")

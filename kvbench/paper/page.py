@@ -287,6 +287,73 @@ def _signal_figure(raw: dict, out: Path, scale: str) -> list[Block]:
     return blocks
 
 
+def _cells_figure(raw: dict, out: Path, scale: str) -> list[Block]:
+    """Figure 6: every window cell's ρ(β‖v‖, U), sorted, one panel per attention layer."""
+    from matplotlib.figure import Figure
+
+    from kvbench.paper.measure import CELL_RHO
+
+    blocks = []
+    for model, data in raw.get("cells", {}).items():
+        panels = [(f, w) for f, w in enumerate(data["windows"]) if w]
+        if not panels:
+            continue
+        fig = Figure(figsize=(3 * len(panels), 3.0), layout="constrained")
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        for ax, (f, win) in zip(axes, panels, strict=True):
+            rho = data["cell_rho"][f]
+            for j in win:
+                ax.plot(sorted(rho[j]), marker=".", label=f"GDN {data['gdn_layer_ids'][j]}")
+            for y in (-CELL_RHO, CELL_RHO):
+                ax.axhline(y, color="grey", lw=0.6, ls="--")
+            ax.set_title(f"attention layer {data['attn_layer_ids'][f]}", fontsize=8)
+            ax.set_xlabel("GDN head, sorted")
+        axes[0].set_ylabel("Spearman ρ(β‖v‖, U)")
+        axes[-1].legend(fontsize=6)
+        fig.suptitle(f"Figure 6: {model}" + (" — tiny-model numbers" if scale == "tiny" else ""), fontsize=9)
+        path = _fig_path(out, f"fig6-{model.replace('/', '__')}", fig)
+        caption = f"per-cell correlation in each attention layer's window, {data['n_documents']} documents, {model}"
+        blocks.append(Block("figure", caption, path=path))
+    return blocks
+
+
+def _best_layer_blocks(raw: dict, out: Path, scale: str) -> list[Block]:
+    """Figure 7: per attention layer, the ρ of each preceding GDN layer's effective write with U, the best one
+    and the estimator's window."""
+    blocks = []
+    for model, data in raw.get("cells", {}).items():
+        gdn, rows = data["gdn_layer_ids"], []
+        for f, (best, win) in enumerate(zip(data["best_layer"], data["windows"], strict=True)):
+            if best is None:
+                continue
+            rho = data["layer_rho"][f]
+            inside = max((rho[j] for j in win), default=math.nan)
+            rows.append([model, str(data["attn_layer_ids"][f]), ", ".join(str(gdn[j]) for j in win) or "—",
+                         str(gdn[best]), _num(rho[best]), _num(inside), "no" if best in win else "yes"])  # fmt: skip
+        if rows:
+            tiny = _tiny(scale)
+            headers = ["model", "attention layer", "window (GDN layers)", "best preceding GDN layer",
+                       f"its ρ{tiny}", f"best ρ inside the window{tiny}", "outside the window"]  # fmt: skip
+            blocks.append(Block("table", headers=headers, rows=rows))
+    return blocks
+
+
+def _decile_table(raw: dict, scale: str) -> list[Block]:
+    """Figure 2c: top / bottom decile lift of the slow-head and window-mean β‖v‖."""
+    rows = []
+    for model, data in raw.get("cells", {}).items():
+        lifts = data.get("decile_lift", {})
+        for name in ("slow-head β‖v‖", "β‖v‖, window mean"):
+            if name in lifts:
+                rows.append([model, name, f"{lifts[name]['top']:.2f}×", f"{lifts[name]['bottom']:.2f}×"])
+            else:
+                rows.append([model, name, "— (no slow head on this model)", "—"])
+    if not rows:
+        return []
+    headers = ["model", "signal", f"top decile lift{_tiny(scale)}", f"bottom decile lift{_tiny(scale)}"]
+    return [Block("p", "Figure 2c, decile lift over chance:"), Block("table", headers=headers, rows=rows)]
+
+
 def build_page(
     p: Plan,
     numbers: PaperNumbers,
@@ -347,7 +414,11 @@ def build_page(
         if section == "dynamics":
             blocks += _dynamics_figure(raw, out, scale)
         if section == "signals":
-            blocks += _signal_figure(raw, out, scale)
+            blocks += _signal_figure(raw, out, scale) + _decile_table(raw, scale)
+        if section == "cells":
+            blocks += _cells_figure(raw, out, scale)
+        if section == "best_layer":
+            blocks += _best_layer_blocks(raw, out, scale)
         if section == "per_layer":
             blocks += _per_layer_figure(raw, out, scale)
     counts = {s: sum(v.status == s for v in verdicts_all) for s in (HELD, NOT_HELD)}

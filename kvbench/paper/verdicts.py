@@ -113,7 +113,8 @@ def describe_spec(spec: dict, model_names: dict[str, str] | None = None) -> str:
     if kind == "predictor":
         layer = f" layer #{spec['layer']}" if "layer" in spec else ""
         return f"{spec['predictor']} {spec['metric']}{layer} (set {spec['set']}, window {spec['window']}), {model}"
-    return f"{spec.get('metric', '?')}, {model}"
+    layer = f" attention layer #{spec['layer']}" if "layer" in spec else ""
+    return f"{spec.get('metric', '?')}{layer}, {model}"
 
 
 def _get(spec: dict, measured: dict[str, float], names: dict[str, str] | None, case: Case) -> float | None:

@@ -96,6 +96,7 @@ def dynamics(labels_dir: Path) -> dict:
 
 register_stage("labels", _labels_grid)
 register_stage("eval", _eval_grid)
+from . import paper_cells  # noqa: E402, F401  (registers the "cells" stage: Figures 6-7, Table 5's oracle, Figure 2c)
 
 app = typer.Typer(add_completion=False)
 app.command("paper")(paper)
