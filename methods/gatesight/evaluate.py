@@ -60,7 +60,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------
 
 
-def _average_ranks(x: torch.Tensor) -> torch.Tensor:
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
     """Ranks 0..m-1 of ``x`` with ties given their average rank (float64)."""
     m = x.numel()
     order = torch.argsort(x, stable=True)
@@ -79,7 +79,7 @@ def _average_ranks(x: torch.Tensor) -> torch.Tensor:
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     """Spearman's ρ of two 1-D tensors (Pearson correlation of average ranks); 0 if either is constant."""
-    ra, rb = _average_ranks(a.flatten().double()), _average_ranks(b.flatten().double())
+    ra, rb = average_ranks(a.flatten().double()), average_ranks(b.flatten().double())
     ra, rb = ra - ra.mean(), rb - rb.mean()
     denom = ra.norm() * rb.norm()
     return float((ra @ rb) / denom) if denom > 0 else 0.0
@@ -257,7 +257,7 @@ def _folds(labels: LabelSet, k: int) -> tuple[str, list[tuple[str, list[Labelled
     return f"{k}-fold by document (a single corpus: {corpora[0]})", folds
 
 
-def _doc_metrics(pred: torch.Tensor, utility: torch.Tensor, prot: int, gen: torch.Generator) -> dict:
+def doc_metrics(pred: torch.Tensor, utility: torch.Tensor, prot: int, gen: torch.Generator) -> dict:
     """Metrics of one (document, layer), averaged over KV heads. pred ``[H_kv or 1, n]``, utility ``[H_kv, n]``."""
     H_kv = utility.shape[0]
     per_head = [
@@ -266,7 +266,7 @@ def _doc_metrics(pred: torch.Tensor, utility: torch.Tensor, prot: int, gen: torc
     return {m: sum(p[m] for p in per_head) / H_kv for m in METRICS}
 
 
-def _mean(dicts: Sequence[dict]) -> dict:
+def mean_of(dicts: Sequence[dict]) -> dict:
     return {m: sum(d[m] for d in dicts) / len(dicts) for m in METRICS} if dicts else {m: float("nan") for m in METRICS}
 
 
@@ -338,17 +338,17 @@ def evaluate_labels(
                 u = t["utility"]
                 for name, fn in {**untrained, **learned}.items():
                     gen = torch.Generator().manual_seed(config.seed)
-                    layers = [_doc_metrics(fn(t, f, doc).float(), u[f], doc.prot, gen) for f in range(L)]
+                    layers = [doc_metrics(fn(t, f, doc).float(), u[f], doc.prot, gen) for f in range(L)]
                     per_doc[name].append((doc.corpus, layers))
                 bar.advance(task)
     predictors = {}
     for name, rows in per_doc.items():
-        per_layer = [_mean([layers[f] for _, layers in rows]) for f in range(L)]
+        per_layer = [mean_of([layers[f] for _, layers in rows]) for f in range(L)]
         per_corpus = {}
         for c in sorted({c for c, _ in rows}):
             docs_c = [layers for cc, layers in rows if cc == c]
-            per_corpus[c] = _mean([_mean([layers[f] for layers in docs_c]) for f in range(L)])
-        predictors[name] = {"layer_mean": _mean(per_layer), "per_layer": per_layer, "per_corpus": per_corpus}
+            per_corpus[c] = mean_of([mean_of([layers[f] for layers in docs_c]) for f in range(L)])
+        predictors[name] = {"layer_mean": mean_of(per_layer), "per_layer": per_layer, "per_corpus": per_corpus}
     cfg = {**asdict(config), "median_half_life": median_hl.tolist(), "slow_heads": slow.tolist()}
     return EvalResult(
         predictors, groups, split, len(labels.docs), labels.corpora, list(man["attn_layer_ids"]), notes, cfg

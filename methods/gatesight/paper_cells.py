@@ -28,7 +28,7 @@ from kvbench.atomic import write_atomic
 from kvbench.paper.artifacts import Grid
 from kvbench.paper.stages import grid_paths, register_stage
 
-from .evaluate import EvalConfig, _average_ranks, _doc_metrics, _mean, k_for, slow_heads, top_k, untrained_predictors
+from .evaluate import EvalConfig, average_ranks, doc_metrics, k_for, mean_of, slow_heads, top_k, untrained_predictors
 from .features import window_ordinals
 from .labels import LabelSet, load_labels
 
@@ -44,7 +44,7 @@ def rank_corr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     float64, 0 where a row is constant (as :func:`.evaluate.spearman`)."""
 
     def unit(x: torch.Tensor) -> torch.Tensor:
-        r = torch.stack([_average_ranks(row) for row in x.double()])
+        r = torch.stack([average_ranks(row) for row in x.double()])
         r = r - r.mean(dim=1, keepdim=True)
         norm = r.norm(dim=1, keepdim=True)
         return torch.where(norm > 0, r / norm.clamp(min=1e-300), torch.zeros_like(r))
@@ -122,10 +122,10 @@ def _oracle(labels: LabelSet, choice: list[list[tuple[int, int]]]) -> dict:
         layers = []
         for f, heads in enumerate(choice):
             pred = torch.stack([ew[j, :, v] for j, v in heads])  # [H_kv, n]
-            layers.append(_doc_metrics(pred.float(), t["utility"][f], doc.prot, gen))
+            layers.append(doc_metrics(pred.float(), t["utility"][f], doc.prot, gen))
         per_doc.append(layers)
-    per_layer = [_mean([layers[f] for layers in per_doc]) for f in range(len(choice))]
-    return {"layer_mean": _mean(per_layer), "per_layer": per_layer}
+    per_layer = [mean_of([layers[f] for layers in per_doc]) for f in range(len(choice))]
+    return {"layer_mean": mean_of(per_layer), "per_layer": per_layer}
 
 
 def cell_analysis(labels: LabelSet, window: int = 6, slow_threshold: float = 1000.0) -> dict:
