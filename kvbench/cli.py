@@ -100,6 +100,7 @@ def parse_ps(text: str) -> list[float]:
 
 @app.command()
 def run(
+    *,
     method: str = typer.Option("full,random", "--method", "-m", help="Method name(s), comma separated."),
     bench: str = typer.Option("needle", "--bench", "-b", help="Benchmark name."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name(s), comma separated (default: all)."),
@@ -281,6 +282,7 @@ def default_report_dir(results: Path) -> Path:
 
 @app.command()
 def report(
+    *,
     results: str = typer.Option(
         "results/default", "--results", "-r", help="Results directory of a run; several comma separated merge."
     ),

@@ -34,6 +34,7 @@ class RulerTemplate(str, Enum):
 
 @app.command("generate")
 def ruler_generate(
+    *,
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Hugging Face tokenizer directory."),
     task: str = typer.Option(..., "--task", "-t", help="RULER task, e.g. niah_single_1 (kvbench list benches)."),
     length: int = typer.Option(..., "--length", help="RULER's max_seq_length: prompt + generated tokens."),

@@ -17,7 +17,7 @@ import pytest
 from kvbench import cli
 from kvbench.distributed import RayOptions
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
-from kvbench.paper.artifacts import Grid, plan
+from kvbench.paper.artifacts import ALL_P, Grid, plan
 from kvbench.runner import ANSWER_CONTEXTS
 from kvbench_training.data import DEFAULT_CURRICULUM
 from kvbench_training.loop import DEFAULT_STEPS
@@ -30,6 +30,7 @@ PAPER_COST_LENGTHS = {
     scale: next(g.lengths for g in plan(scale, models=["m"] if scale == "paper" else None).grids if g.kind == "cost")
     for scale in ("tiny", "paper")
 }
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 #: (command, option) -> what its help must say about the default, computed from the code.
 STATED: dict[tuple[str, str], str] = {
     ("run", "--model"): f"(default: {DEFAULT_MODEL})",
@@ -46,6 +47,7 @@ STATED: dict[tuple[str, str], str] = {
     ("train-tiny", "--steps"): f"(default: {DEFAULT_STEPS:,}, the shipped run)",
     ("train-tiny", "--curriculum"): f"(default: {CURRICULUM})",
     ("paper", "--repeats"): f"(default {Grid.__dataclass_fields__['repeats'].default})",
+    ("paper", "--p"): f"(default: the paper's {NUMBER_WORDS[len(ALL_P)]}, {max(ALL_P)} to {min(ALL_P)})",
     ("paper", "--lengths"): "(default: {} tiny; {}K to {}K paper)".format(
         ",".join(map(str, PAPER_COST_LENGTHS["tiny"])),
         min(PAPER_COST_LENGTHS["paper"]) // 1024,

@@ -15,17 +15,7 @@ LIMIT = 8
 #: Functions over the limit when this test was written (session 28), each in a file another helper owned then:
 #: ``path::qualified name`` -> why it is still here. Making their parameters keyword-only (a bare ``*`` first;
 #: Typer passes options by name) removes them; then delete the entry.
-KNOWN: dict[str, str] = {
-    "kvbench/cli.py::run": "Typer command `kvbench run`; kvbench/cli.py is not this change's",
-    "kvbench/cli.py::report": "Typer command `kvbench report`; kvbench/cli.py is not this change's",
-    "kvbench/paper/cli.py::paper": "Typer command `kvbench paper`; kvbench/paper/cli.py is not this change's",
-    "kvbench/engines/vllm_engine.py::VllmParent.__init__": "vLLM parent session; the engine is not this change's",
-    "methods/gatesight/cli.py::label": "Typer command of gatesight; methods/ is not this change's",
-    "methods/gatesight/cli.py::_train_config": "gatesight training settings; methods/ is not this change's",
-    "methods/gatesight/cli.py::train": "Typer command of gatesight; methods/ is not this change's",
-    "methods/gatesight/cli.py::eval_": "Typer command of gatesight; methods/ is not this change's",
-    "tasks/ruler_cli.py::ruler_generate": "Typer command `kvbench ruler generate`; tasks/ is not this change's",
-}
+KNOWN: dict[str, str] = {}
 
 
 def over_limit(source: str, limit: int = LIMIT) -> dict[str, int]:

@@ -724,8 +724,8 @@ class VllmEngine(EngineBase):
                 self._give(blocks)
             raise
         seconds = time.perf_counter() - start
-        parent = VllmParent(self, self._new_id(), token_ids, prot, attn_blocks, state_blocks, cap, query_window,
-                            seconds)  # fmt: skip
+        parent = VllmParent(self, self._new_id(), token_ids, prot, attn_blocks, state_blocks, cap=cap,
+                            query_window=query_window, seconds=seconds)  # fmt: skip
         self._sessions[parent.session_id] = parent
         return parent
 
@@ -795,7 +795,7 @@ class VllmParent(ParentSession):
     """Unpruned parent: ``ceil(n / block_size)`` blocks per attention layer, one GDN state slot per GDN
     layer holding the end-of-context state (never advanced), and the prefill's recorded signals."""
 
-    def __init__(self, engine: VllmEngine, session_id, token_ids, prot, attn_blocks, state_blocks, cap: _Capture,
+    def __init__(self, engine: VllmEngine, session_id, token_ids, prot, attn_blocks, state_blocks, *, cap: _Capture,
                  query_window: int, seconds: float):  # fmt: skip
         super().__init__(session_id)
         self.engine = engine

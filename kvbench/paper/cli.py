@@ -41,6 +41,7 @@ def _timings(dirs: list[Path]):
 
 
 def paper(
+    *,
     scale: str = typer.Option(
         "tiny",
         "--scale",

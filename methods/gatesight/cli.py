@@ -51,6 +51,7 @@ def _user_errors(fn):
 @app.command()
 @_user_errors
 def label(
+    *,
     model: str = typer.Option(..., "--model", help="Built-in model name, local directory or hub id."),
     corpus: Path = typer.Option(
         ..., "--corpus", help="Directory with one subdirectory per corpus of .txt/.md/.jsonl/.json documents."
@@ -116,7 +117,7 @@ def label(
     )
 
 
-def _train_config(window, epochs, lr, weight_decay, grad_clip, positions, batch_size, hidden, seed):
+def _train_config(*, window, epochs, lr, weight_decay, grad_clip, positions, batch_size, hidden, seed):
     from .train import TrainConfig
 
     if window < 0 or epochs < 1 or positions < 1 or batch_size < 1 or hidden < 1:
@@ -137,6 +138,7 @@ def _train_config(window, epochs, lr, weight_decay, grad_clip, positions, batch_
 @app.command()
 @_user_errors
 def train(
+    *,
     labels: Path = typer.Option(..., "--labels", "-l", help="Label directory from `kvbench gatesight label`."),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Artifact directory (default: $KVBENCH_CACHE/calibration/gatesight/<fp16>/)."
@@ -162,7 +164,17 @@ def train(
 
     if threads:
         torch.set_num_threads(threads)
-    config = _train_config(window, epochs, lr, weight_decay, grad_clip, positions, batch_size, hidden, seed)
+    config = _train_config(
+        window=window,
+        epochs=epochs,
+        lr=lr,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        positions=positions,
+        batch_size=batch_size,
+        hidden=hidden,
+        seed=seed,
+    )
     label_set = load_labels(labels)
     excluded = [c.strip() for c in (exclude_corpus or "").split(",") if c.strip()]
     unknown = sorted(set(excluded) - set(label_set.corpora))
@@ -178,6 +190,7 @@ def train(
 @app.command("eval")
 @_user_errors
 def eval_(
+    *,
     labels: Path = typer.Option(..., "--labels", "-l", help="Label directory from `kvbench gatesight label`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write gatesight_eval.json and .md here."),
     artifact: Optional[Path] = typer.Option(
@@ -208,7 +221,17 @@ def eval_(
     if threads:
         torch.set_num_threads(threads)
     config = EvalConfig(
-        train=_train_config(window, epochs, lr, weight_decay, grad_clip, positions, batch_size, hidden, seed),
+        train=_train_config(
+            window=window,
+            epochs=epochs,
+            lr=lr,
+            weight_decay=weight_decay,
+            grad_clip=grad_clip,
+            positions=positions,
+            batch_size=batch_size,
+            hidden=hidden,
+            seed=seed,
+        ),
         slow_threshold=slow_threshold,
         ridge_alpha=ridge_alpha,
         age_control=age_control,

@@ -96,7 +96,17 @@ def dynamics(labels_dir: Path) -> dict:
 
 register_stage("labels", _labels_grid)
 register_stage("eval", _eval_grid)
-from . import paper_cells  # noqa: E402, F401  (registers the "cells" stage: Figures 6-7, Table 5's oracle, Figure 2c)
+
+
+def _cells_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+    """The ``cells`` stage (Figures 6-7, Table 5's oracle, Figure 2c): :mod:`.paper_cells`, imported on use so
+    ``kvbench paper --help`` loads no torch."""
+    from .paper_cells import cells_grid
+
+    cells_grid(grid, model, out, opts, bar, console)
+
+
+register_stage("cells", _cells_grid)
 
 app = typer.Typer(add_completion=False)
 app.command("paper")(paper)

@@ -26,13 +26,13 @@ from rich.progress import Progress
 
 from kvbench.atomic import write_atomic
 from kvbench.paper.artifacts import Grid
-from kvbench.paper.stages import grid_paths, register_stage
+from kvbench.paper.stages import grid_paths
 
 from .evaluate import EvalConfig, average_ranks, doc_metrics, k_for, mean_of, slow_heads, top_k, untrained_predictors
 from .features import window_ordinals
 from .labels import LabelSet, load_labels
 
-__all__ = ["DECILE_SIGNALS", "ORACLE", "cell_analysis", "decile_lift", "rank_corr"]
+__all__ = ["DECILE_SIGNALS", "ORACLE", "cell_analysis", "cells_grid", "decile_lift", "rank_corr"]
 
 ORACLE = "best single GDN head (oracle)"
 #: the signals whose decile lift Figure 2c shows (slow heads) and its all-heads comparison (Figure 2b's pair)
@@ -169,7 +169,8 @@ def cell_analysis(labels: LabelSet, window: int = 6, slow_threshold: float = 100
     }
 
 
-def _cells_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+def cells_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+    """Write ``grid``'s cell analysis of ``model``'s label set (its ``labels`` grid), unless it exists."""
     from dataclasses import replace
 
     path = grid_paths(out, grid, model)
@@ -182,5 +183,3 @@ def _cells_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, co
     write_atomic(path, json.dumps(result, indent=1))
     bar.update(task, total=1, completed=1)
 
-
-register_stage("cells", _cells_grid)
