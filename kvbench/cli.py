@@ -240,26 +240,31 @@ class ListWhat(str, Enum):
     benches = "benches"
     models = "models"
     allocations = "allocations"
+    engines = "engines"
+    scorers = "scorers"
 
 
 @app.command("list")
-def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models | allocations")) -> None:
-    """List what can be named on the command line."""
+def list_(
+    what: ListWhat = typer.Argument(..., help="methods | benches | models | allocations | engines | scorers"),
+) -> None:
+    """List what can be named on the command line (plugins included, each with where it comes from)."""
     if what is ListWhat.methods:
-        from kvbench.methods import list_methods, method_class
+        from kvbench.methods import METHODS, list_methods, method_class
 
         for name in list_methods():
             cls = method_class(name)
-            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}")
+            doc, source = _first_line(cls), METHODS.source(name)
+            console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}  [dim]{source}[/dim]")
             for option, help_ in sorted(cls.options.items()):
                 console.print(f"{'':14} --set {name}.{option}=… (default {getattr(cls, option)!r}): {help_}")
     elif what is ListWhat.benches:
-        from kvbench.tasks import get_bench, list_benches
+        from kvbench.tasks import BENCHES, get_bench, list_benches
 
         for name in list_benches():
             b = get_bench(name)
-            console.print(f"{name:14} tasks: {', '.join(b.tasks())}  {b.description}")
+            source = BENCHES.source(name)
+            console.print(f"{name:14} tasks: {', '.join(b.tasks())}  {b.description}  [dim]{source}[/dim]")
     elif what is ListWhat.models:
         from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL
 
@@ -267,11 +272,31 @@ def list_(what: ListWhat = typer.Argument(..., help="methods | benches | models 
             default = " (default)" if name == DEFAULT_MODEL else ""
             console.print(f"{name:22} {spec.description}{default}")
         console.print("or a local model directory / hub id of type qwen3_next, qwen3_5 or qwen3_5_text")
-    else:
+    elif what is ListWhat.allocations:
         from kvbench.budgets import ALLOCATIONS
 
         for name in ALLOCATIONS:
-            console.print(name)
+            console.print(f"{name:14} {_first_line(ALLOCATIONS.get(name))}  [dim]{ALLOCATIONS.source(name)}[/dim]")
+    elif what is ListWhat.engines:
+        from kvbench.engines import ENGINES
+
+        for name in ENGINES:
+            cls = ENGINES.get(name)
+            caps = ", ".join(sorted(cls.capabilities)) or "none"
+            dtypes = " / ".join(cls.dtypes) if cls.dtypes else "any"
+            console.print(f"{name:14} capabilities: {caps}; dtypes: {dtypes}  [dim]{ENGINES.source(name)}[/dim]")
+    else:
+        from kvbench.scorers import SCORERS
+
+        for name in SCORERS:
+            console.print(f"{name:24} {_first_line(SCORERS.get(name))}  [dim]{SCORERS.source(name)}[/dim]")
+
+
+def _first_line(obj: object) -> str:
+    """The first line of ``obj``'s docstring (a counts allocation: its function's), or ""."""
+    obj = getattr(obj, "fn", obj)
+    doc = getattr(obj, "__doc__", None) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def default_report_dir(results: Path) -> Path:
