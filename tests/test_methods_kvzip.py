@@ -154,8 +154,10 @@ def test_scores_on_the_shipped_model_equal_the_saved_ones():
     parent = TorchEngine(lm.model, lm.tokenizer).prefill(saved["token_ids"], prot=saved["prot"])
     method = get_method("kvzip")
     scores = method.score(parent)
+    # atol 2e-6: a float32 softmax over 2,600 keys summed in another thread split (the suite leaves torch's thread
+    # count where an earlier test set it) moved one score of 5,200 by 1e-6 once; the kept sets below stay exact.
     for got, want in zip(scores, saved["scores"], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-5)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
     for p in (0.9, 0.5, 0.1):
         ours, before = method.select(parent, scores, p, "global"), method.select(parent, saved["scores"], p, "global")
         assert all(torch.equal(x, y) for a, b in zip(ours, before, strict=True) for x, y in zip(a, b, strict=True))
