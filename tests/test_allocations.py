@@ -170,7 +170,9 @@ def test_the_allocations_example_of_docs_extending_runs(tmp_path):
     kept entries equal the flat allocation's (the same budget, shared otherwise)."""
     site = _doc_example(tmp_path)
     listed = _run_cli(["list", "allocations"], site)
-    assert listed.returncode == 0 and listed.stdout.split() == ["flat", "pyramid", "gate", "global", "deep-first"]
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    assert listed.returncode == 0 and names == ["flat", "pyramid", "gate", "global", "deep-first"], listed.stdout
+    assert listed.stdout.splitlines()[-1].endswith("entry point mypkg.alloc:DEEP_FIRST (dist mypkg 0.1)")
     out = tmp_path / "out"
     args = ["run", "--model", "tiny-random", "--method", "snapkv", "--bench", "needle", "--p", "0.5", "--limit", "1",
             "--length", "900", "--threads", "1", "--no-reference", "--allocation", "deep-first,flat",
