@@ -4,8 +4,8 @@ One :class:`~kvbench.registry.Registry` (:data:`COMMANDS`, entry-point group ``k
 typer app per name, mounted by the command line as ``kvbench <name> …`` and imported only when that name is
 used (``kvbench --help`` lists the names without importing any app). Every kind of extension adds to it:
 
-* the core's own (``data``, ``results``): :data:`CORE_COMMANDS`;
-* packages that ship built-in commands (the benches' ``ruler`` and ``scbench``, the methods' ``gatesight`` and
+* the core's own (``results``): :data:`CORE_COMMANDS`;
+* packages that ship built-in commands (the benches' ``data``, ``ruler`` and ``scbench``, the methods' ``gatesight`` and
   ``paper``): each package in :data:`CONTRIBUTORS` has a table ``BUILTIN_COMMANDS`` (name -> ``"module:app"``)
   and may have ``COMMAND_HELP`` (name -> the line ``kvbench --help`` lists it with);
 * installed distributions, through entry points of group ``kvbench.commands`` (``train-tiny =
@@ -29,7 +29,6 @@ __all__ = ["COMMANDS", "CONTRIBUTORS", "CORE_COMMANDS", "MISSING_HINTS", "builti
 #: The core's commands that live outside kvbench/cli.py's app: name -> "module:typer app".
 CORE_COMMANDS: dict[str, str] = {
     "results": "kvbench.results_cli:app",
-    "data": "kvbench.data_fetch:data_app",
 }
 
 #: Packages whose ``BUILTIN_COMMANDS`` (and ``COMMAND_HELP``) tables add built-in commands, in listing order.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import data_fetch
+from kvbench.tasks import data_fetch
 from tests.test_cli import MODEL, kvbench
 
 FIXTURES = Path(__file__).parent / "fixtures"
