@@ -297,7 +297,7 @@ def test_a_command_two_contributors_claim_is_an_error_naming_both(tmp_path, monk
     command's name in a contributor's table) is refused, naming both."""
     from kvbench import commands
 
-    write_module(tmp_path, "contrib_a", 'BUILTIN_COMMANDS = {"dup": "contrib_a:app", "data": "contrib_a:app"}\n')
+    write_module(tmp_path, "contrib_a", 'BUILTIN_COMMANDS = {"dup": "contrib_a:app", "results": "contrib_a:app"}\n')
     write_module(tmp_path, "contrib_b", 'BUILTIN_COMMANDS = {"dup": "contrib_b:app"}\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b", "contrib_a"))
@@ -306,5 +306,5 @@ def test_a_command_two_contributors_claim_is_an_error_naming_both(tmp_path, monk
     monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_b",))
     assert commands.builtin_commands() == {**commands.CORE_COMMANDS, "dup": "contrib_b:app"}
     monkeypatch.setattr(commands, "CONTRIBUTORS", ("contrib_a",))
-    with pytest.raises(RegistryError, match="command 'data' is a built-in of both kvbench.commands and contrib_a"):
+    with pytest.raises(RegistryError, match="command 'results' is a built-in of both kvbench.commands and contrib_a"):
         commands.builtin_commands()
