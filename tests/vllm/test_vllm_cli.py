@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here: these tests run in .venv-vllm (scripts/setup_vllm.sh)")
 
 from kvbench import models  # noqa: E402
+from kvbench.engines import engines_for  # noqa: E402
 from kvbench.methods import list_methods, method_class  # noqa: E402
 from tests.test_cli import kvbench, read_rows  # noqa: E402
 
@@ -21,10 +22,11 @@ TRAINED = sorted(name for name, m in models.BUILTIN_MODELS.items() if m.shipped 
 def test_every_method_runs_on_the_vllm_engine(model, tmp_path, capsys):
     """Every built-in method that does not name its engines runs under --engine vllm with its default
     allocation (KVzip's ``global`` keeps different counts per KV head: head pages), and with a per-head-uniform
-    one (--allocation flat). A method that names the torch engine only (``oracle``: it reads ``W_O`` from the
-    model) is refused before any model loads, exit 2, and writes nothing."""
+    one (--allocation flat). A method that requires a capability the vllm engine does not declare (``oracle``
+    requires ``model_weights``: it reads ``W_O`` from the model) is refused before any model loads, exit 2, and
+    writes nothing."""
     builtin = [m for m in list_methods() if not m.startswith("test-")]
-    methods = [m for m in builtin if "vllm" in (getattr(method_class(m), "engines", None) or ("vllm",))]
+    methods = [m for m in builtin if "vllm" in (engines_for(method_class(m)) or ("vllm",))]
     torch_only = sorted(set(builtin) - set(methods))
     assert "oracle" in torch_only and "kvzip" in methods and "gatesight" in methods
     common = ["--model", model, "--engine", "vllm", "--bench", "ruler", "--task", "niah_single_1", "--limit", "1",
