@@ -80,9 +80,23 @@ def probe_question(model, tok, ctx_out, question_ids, values, target, spans, fir
     return scores, heads, p1
 
 
-def probe(model, tok, pairs: int, rows: int, seed: int, first: int, key_chars: int | None = None) -> dict:
+def probe(
+    model,
+    tok,
+    pairs: int,
+    rows: int,
+    seed: int,
+    first: int,
+    key_chars: int | None = None,
+    echo: bool = False,
+    say: bool = False,
+) -> dict:
     """Every question of ``rows`` generated kv rows of ``pairs`` pairs (keys cut to ``key_chars`` characters
-    when given): per-question numbers and summaries."""
+    when given): per-question numbers and summaries. ``echo``: the answer turn starts with the asked pair's own
+    text up to its value (``"KEY": "``, as the ``*_echo`` training rows give it), so the value is scored as a
+    plain copy of what follows the key in the context (induction) rather than as the answer to the question.
+    ``say``: each candidate is a pair's whole quoted text ``"KEY": "VALUE`` (the ``*_say`` rows' answer), its
+    first ``first`` value tokens after the quoted key: the model must pick the asked key and then its value."""
     attn_layers = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]
     questions = []
     head_sum: dict[int, dict[str, torch.Tensor]] = {}
@@ -99,8 +113,14 @@ def probe(model, tok, pairs: int, rows: int, seed: int, first: int, key_chars: i
             ctx_out = _forward(model, r.context_ids, None)
             for question, question_ids in zip(ctx.questions, r.question_ids, strict=True):
                 target = values.index(question.references[0])
+                if echo:
+                    question_ids = list(question_ids) + encode(tok, f'"{keys[target]}": "')
+                candidates, n_first = values, first
+                if say:
+                    candidates = [f'"{k}": "{v}' for k, v in zip(keys, values, strict=True)]
+                    n_first = len(encode(tok, f'"{keys[target]}": "')) + first
                 scores, heads, p1 = probe_question(
-                    model, tok, ctx_out, question_ids, values, target, spans, first, attn_layers
+                    model, tok, ctx_out, question_ids, candidates, target, spans, n_first, attn_layers
                 )
                 probs = torch.tensor(scores).exp()
                 rank = int((probs > probs[target]).sum())
@@ -181,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--require-top1", type=float, help="exit 3 when the top-1 rate is below this")
     ap.add_argument("--threads", type=int, help="torch intra-op threads")
     ap.add_argument("--key-chars", type=int, help="cut every key to its first N characters (short-key rows)")
+    ap.add_argument("--echo", action="store_true",
+                    help='the answer starts with the asked pair\'s "KEY": " (*_echo rows): copying, not matching')
+    ap.add_argument("--say", action="store_true",
+                    help='candidates are whole quoted pairs "KEY": "VALUE (the *_say rows\' answer)')
     args = ap.parse_args(argv)
     try:
         pairs = [int(p) for p in args.pairs.split(",")]
@@ -197,11 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
     model.eval()
-    results = [probe(model, tok, n, args.rows, args.seed, args.first, args.key_chars) for n in pairs]
+    if args.echo and args.say:
+        ap.error("--echo and --say: give one (--echo feeds the quoted key, --say scores it)")
+    results = [
+        probe(model, tok, n, args.rows, args.seed, args.first, args.key_chars, args.echo, args.say) for n in pairs
+    ]
     print_table(args.model, results, args.first)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"model": args.model, "seed": args.seed, "first": args.first, "rows": args.rows, "results": results}
+        payload = {"model": args.model, "seed": args.seed, "first": args.first, "rows": args.rows,
+                   "echo": args.echo, "say": args.say, "results": results}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1))
     if args.require_top1 is not None and any(r["top1"] < args.require_top1 for r in results):
         worst = min(results, key=lambda r: r["top1"])

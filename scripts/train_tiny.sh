@@ -30,7 +30,7 @@ kvbench() { .venv/bin/kvbench "$@"; }
 train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@"; }  # THREADS=1 on a busy machine
 STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
-STAGES+=(stage10s stage10a stage10b stage10c stage10d)
+STAGES+=(stage10s stage10t stage10a stage10b stage10c stage10d)
 # stage NAME ARGS...: train stage NAME into $OUT/NAME, unless a later stage has finished (its final/ is then
 # all the run needs from NAME); a finished NAME itself is returned by train-tiny without training.
 stage() {
@@ -45,15 +45,17 @@ stage() {
   done
   train --out "$OUT/$name" "$@"
 }
-# gate DONE NEXT PAIRS: stage NEXT starts only once stage DONE has learned key matching at PAIRS pairs
-# (scripts/probe_kv.py on SCBench kv rows of the evaluation seed; it exits 3 naming what it measured);
+# gate DONE NEXT PAIRS [KEY_CHARS] [MODE] [TOP1]: stage NEXT starts only once stage DONE has learned key matching
+# at PAIRS pairs (scripts/probe_kv.py on SCBench kv rows of the evaluation seed, keys cut to KEY_CHARS, MODE
+# --echo or --say, top-1 at least TOP1, default $GATE_TOP1 or 0.8; it exits 3 naming what it measured);
 # no probe when NEXT has already finished.
 PROBE=${PROBE:-.venv/bin/python scripts/probe_kv.py}
 gate() {
   [ -f "$OUT/$2/final/training_args.json" ] && return 0
-  $PROBE "$OUT/$1/final" --pairs "$3" --rows 4 ${4:+--key-chars "$4"} --require-top1 "${GATE_TOP1:-0.8}" ${THREADS:+--threads "$THREADS"} \
-    --json "$OUT/$1/probe-$3.json" || { echo "$2 not started: $1 has not learned key matching at $3 pairs" \
-    "($OUT/$1/probe-$3.json); train $1 longer (more --steps) first" >&2; exit 3; }
+  local json="$OUT/$1/probe-$3${5:+${5#--}}.json"
+  $PROBE "$OUT/$1/final" --pairs "$3" --rows 4 ${4:+--key-chars "$4"} ${5:+"$5"} --require-top1 "${6:-${GATE_TOP1:-0.8}}" \
+    ${THREADS:+--threads "$THREADS"} --json "$json" || { echo "$2 not started: $1 has not learned key matching at" \
+    "$3 pairs ($json); train $1 longer (more --steps) first" >&2; exit 3; }
 }
 if [ "${FROM_SCRATCH:-0}" = 1 ]; then
   # Stage 1: tokenizer, then 3,850 steps from scratch, curriculum 128 -> 256 -> 512 -> 1,024 (the defaults).
@@ -137,13 +139,23 @@ fi
 KEEP10=lookup=0.08,echo=0.05,niah_single_1=0.05,niah_multikey_2=0.08,niah_multikey_3=0.04,vt=0.04,fwe=0.04,chains=0.03,scbench_mf=0.03,scbench_prefix_suffix=0.03,scbench_vt=0.03
 # 10s: keys cut to their first 4-8 hex characters (scbench_kv8_short, with echo rows): about 700 steps of full
 # UUID keys (10a alone, then with echo rows) left the probe at chance (docs/models.md); a key of one to a few
-# tokens separates "copy a value" from "match a multi-token key". Gated at 8 pairs with 6-character keys.
+# tokens separates "copy a value" from "match a multi-token key". 400 steps taught the copy, not the match: fed
+# the asked pair's "KEY": " the model writes the right value (probe --echo, 8 pairs, 6-character keys: top-1 0.75,
+# chance 0.12; the shipped weights 0.00) but answering the bare question stays at chance (0.15). Gated on the
+# copy: --echo at top-1 0.5, four times chance.
 stage stage10s --init "$INIT10" --seed 34 --steps 400 --lr 1e-3 \
   --curriculum 768@0 --save-every 20 --mix "scbench_kv8_short=0.3,scbench_kv8_short_echo=0.2,$KEEP10" --eval-limit 0
-gate stage10s stage10a 8 6
+gate stage10s stage10t 8 6 --echo 0.5
+# 10t: the answer is the asked pair quoted, "KEY": "VALUE, every token supervised (*_say rows): copying the key
+# from the question, then what follows it in the context, which 10s taught. The kv scorer counts the quote (the
+# value is a substring of it). Gated on the quoted answer (probe --say) at 8 pairs with 6-character keys.
+stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
+  --curriculum 768@0 --save-every 20 --eval-limit 0 \
+  --mix "scbench_kv8_short_say=0.3,scbench_kv8_say=0.1,scbench_kv8_short_echo=0.1,$KEEP10"
+gate stage10t stage10a 8 6 --say
 # 10a mixes in scbench_kv8_echo rows (answers that first repeat the asked pair's text up to its value, as stage
 # 3's echo rows did for needles): 240 steps of scbench_kv8 alone left the probe at chance (docs/models.md).
-stage stage10a --init "$OUT/stage10s/final" --seed 30 --steps 600 --lr 1e-3 \
+stage stage10a --init "$OUT/stage10t/final" --seed 30 --steps 600 --lr 1e-3 \
   --curriculum 1024@0 --save-every 20 --mix "scbench_kv8=0.25,scbench_kv8_echo=0.25,$KEEP10" --eval-limit 0
 gate stage10a stage10b 8
 stage stage10b --init "$OUT/stage10a/final" --seed 31 --steps 400 --lr 1e-3 \

@@ -148,3 +148,21 @@ def test_short_key_rows_ask_short_keys_and_answer_full_values():
             assert [pairs[k] for k in asked] == list(refs)
             supervised = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
             assert supervised == "".join(f"{v}<|im_end|>" for v in refs)
+
+
+def test_say_rows_supervise_the_quoted_pair_which_the_kv_scorer_accepts():
+    """``*_say`` rows: the answer is the asked pair's own text ``"KEY": "VALUE`` with every token of it supervised
+    (echo rows leave ``"KEY": "`` unsupervised), and the official kv scorer gives that answer 100."""
+    from kvbench.scorers import score
+
+    tok = tokenizer()
+    for task in ("scbench_kv8_say", "scbench_kv8_short_say"):
+        for ex_seed in range(T.TRAIN_SEED_BASE, T.TRAIN_SEED_BASE + 3):
+            ids, mask, refs = T.kv_curriculum_row(task, ex_seed, 1024, tok)
+            text = tok.decode(ids)
+            keys = {v: k for k, v in _pairs(text).items()}
+            supervised = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+            assert supervised == "".join(f'"{keys[v]}": "{v}<|im_end|>' for v in refs)
+            for value in refs:
+                assert f'Key: "{keys[value]}"' in text and f'"{keys[value]}": "{value}"' in text
+                assert score("scbench_kv", f'"{keys[value]}": "{value}', [value]) == 100.0

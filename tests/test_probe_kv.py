@@ -60,3 +60,33 @@ def test_main_writes_json_and_the_gate_exits_3(tmp_path, capsys):
     assert P.main([str(MODEL), "--pairs", "5", "--rows", "1", "--first", "1", "--require-top1", "1.01"]) == 3
     with pytest.raises(SystemExit):
         P.main([str(tmp_path), "--pairs", "5"])
+
+
+def test_echo_and_say_modes_score_what_they_name(loaded, monkeypatch):
+    """--echo feeds the asked pair's ``"KEY": "`` after the question and scores the values; --say scores each
+    pair's whole quoted text (the quoted key's tokens plus ``first`` value tokens). Checked on the question ids
+    and candidates that reach probe_question."""
+    tok, model = loaded
+    from kvbench.prompt import encode
+
+    seen = []
+    real = P.probe_question
+
+    def spy(model_, tok_, ctx_out, question_ids, candidates, target, spans, first, attn_layers):
+        seen.append((list(question_ids), list(candidates), target, first))
+        return real(model_, tok_, ctx_out, question_ids, candidates, target, spans, first, attn_layers)
+
+    monkeypatch.setattr(P, "probe_question", spy)
+    plain = P.probe(model, tok, 5, 1, 42, 2)
+    n = len(seen)
+    echo = P.probe(model, tok, 5, 1, 42, 2, echo=True)
+    say = P.probe(model, tok, 5, 1, 42, 2, say=True)
+    assert plain["questions"] == echo["questions"] == say["questions"] == n == 5
+    for (q0, c0, t0, f0), (q1, c1, t1, f1), (q2, c2, t2, f2) in zip(
+        seen[:n], seen[n : 2 * n], seen[2 * n :], strict=True
+    ):
+        key = tok.decode(q1[len(q0) :])
+        assert key.startswith('"') and key.endswith('": "') and c1 == c0 and f1 == f0 == 2 and t0 == t1 == t2
+        assert q2 == q0 and c2[t2] == f"{key}{c0[t0]}" and f2 == len(encode(tok, key)) + 2
+    with pytest.raises(SystemExit):
+        P.main([str(MODEL), "--pairs", "5", "--echo", "--say"])

@@ -42,7 +42,7 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
     (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
-TEN = ["stage10s", "stage10a", "stage10b", "stage10c", "stage10d"]
+TEN = ["stage10s", "stage10t", "stage10a", "stage10b", "stage10c", "stage10d"]
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -110,23 +110,29 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
 
 def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     """The shipped model already exported after stage 9 (context_length 4,096): stages 8-9 are not trained
-    again; the key-matching stages 10s-10d start from the shipped weights (10s: short keys; 10a from 10s)."""
+    again; the key-matching stages 10s-10d start from the shipped weights (10s: short keys; 10t, quoted pairs,
+    from 10s; 10a from 10t)."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
     calls = _run(repo, "qwen3_next", from_scratch=False)
     assert _stages(calls) == TEN and "--init kvbench/builtin/tiny-trained " in calls[0]
     assert "--mix scbench_kv8_short=0.3,scbench_kv8_short_echo=0.2," in calls[0]
     assert (
-        "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[1]
+        "--mix scbench_kv8_short_say=0.3,scbench_kv8_say=0.1,scbench_kv8_short_echo=0.1," in calls[1]
         and "--init models/tiny-trained/stage10s/final " in calls[1]
     )
-    assert "--init models/tiny-trained/stage10a/final " in calls[2]
-    assert "--export kvbench/builtin/tiny-trained" in calls[4] and calls[-1] == "calibrate tiny-trained"
+    assert (
+        "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[2]
+        and "--init models/tiny-trained/stage10t/final " in calls[2]
+    )
+    assert "--init models/tiny-trained/stage10a/final " in calls[3]
+    assert "--export kvbench/builtin/tiny-trained" in calls[5] and calls[-1] == "calibrate tiny-trained"
 
 
 def test_a_stage_10_waits_for_the_probe(tmp_path):
-    """Stage 10a starts only once the probe says stage 10s matches 6-character keys at 8 pairs; a probe that
-    says no stops the script (exit 3, naming what to do) with 10s trained and 10a not."""
+    """Stage 10t starts only once the probe says stage 10s copies the asked pair's value (--echo, 6-character keys,
+    8 pairs, top-1 0.5); a probe that says no stops the script (exit 3, naming what to do) with 10s trained and
+    10t not."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
     probe = repo / "probe.sh"
@@ -137,4 +143,7 @@ def test_a_stage_10_waits_for_the_probe(tmp_path):
     assert done.returncode == 3 and "stage10s has not learned key matching at 8 pairs" in done.stderr
     lines = calls.read_text().splitlines()
     assert _stages(lines) == ["stage10s"]
-    assert lines[-1].startswith("probe models/tiny-trained/stage10s/final --pairs 8 --rows 4 --key-chars 6 ")
+    assert lines[-1].startswith(
+        "probe models/tiny-trained/stage10s/final --pairs 8 --rows 4 --key-chars 6 --echo --require-top1 0.5 "
+    )
+    assert "models/tiny-trained/stage10s/probe-8echo.json" in lines[-1]

@@ -75,6 +75,10 @@ KV_CURRICULUM: dict[str, tuple[int, int]] = {
     # shorten_kv_keys): the step between copying a value and matching a multi-token key
     "scbench_kv8_short": (4, 8),
     "scbench_kv8_short_echo": (4, 8),
+    # the answer is the pair's own text, "KEY": "VALUE, all of it supervised (the model quotes the asked pair; the
+    # kv scorer counts the value as a substring, so the quote scores as the bare value does)
+    "scbench_kv8_short_say": (4, 8),
+    "scbench_kv8_say": (4, 8),
 }
 #: the range of key lengths (hex characters) of the ``*_short`` curriculum rows
 SHORT_KEY_CHARS = (4, 8)
@@ -267,12 +271,16 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
     ``*_echo`` tasks (a stepping stone, as "echo" rows were for RULER's needles): each answer first repeats
     the asked pair's own context text up to its value, ``"KEY": "`` (unsupervised), then the value, so a
     copying (induction) head that finds those tokens in the context can answer; the question is unchanged.
+    ``*_say`` tasks give the same answer text with the echo supervised too: the model learns to quote the asked
+    pair (copy the key from the question, then what follows it in the context), an answer the kv scorer counts
+    as the value's (it looks for the value as a substring).
     ``*_short*`` tasks cut every key to its first :data:`SHORT_KEY_CHARS` hex characters (a length drawn
     per row, see :func:`shorten_kv_keys`); values stay full UUIDs."""
     from kvbench.tasks.scbench_generate import TURNS, kv_row
 
     lo, hi = KV_CURRICULUM[task]
-    echo = task.endswith("_echo")
+    say = task.endswith("_say")
+    echo = say or task.endswith("_echo")
     rng = random.Random(f"kvbench-kv-curriculum:{ex_seed}")
     order = list(range(hi))
     rng.shuffle(order)
@@ -284,7 +292,7 @@ def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowPar
             if key_chars is not None:
                 row = shorten_kv_keys(row, key_chars)
             if echo:
-                parts = _kv_echo_parts("kv", row, tokenizer)
+                parts = _kv_echo_parts("kv", row, tokenizer, supervise_echo=say)
                 if len(parts[0]) <= length:
                     return parts
             elif _scbench_size("kv", row, tokenizer) <= length:
@@ -314,8 +322,9 @@ def shorten_kv_keys(row: dict, chars: int) -> dict:
     return {**row, "context": context, "multi_turns": turns}
 
 
-def _kv_echo_parts(name: str, row: dict, tokenizer) -> RowParts:
-    """:func:`_scbench_parts` of a kv row with each answer preceded by ``"KEY": "`` (loss mask 0)."""
+def _kv_echo_parts(name: str, row: dict, tokenizer, supervise_echo: bool = False) -> RowParts:
+    """:func:`_scbench_parts` of a kv row with each answer preceded by ``"KEY": "`` (loss mask 0, or 1 when
+    ``supervise_echo``: the ``*_say`` rows)."""
     rendered, answers, ctx = _scbench_pieces(name, row, tokenizer)
     ids = list(rendered.context_ids)
     mask = [0] * len(ids)
@@ -323,7 +332,7 @@ def _kv_echo_parts(name: str, row: dict, tokenizer) -> RowParts:
         key = turn["input"].split('"')[1]
         echo = encode(tokenizer, f'"{key}": "')
         ids += question + echo + answer
-        mask += [0] * (len(question) + len(echo)) + [1] * len(answer)
+        mask += [0] * len(question) + [int(supervise_echo)] * len(echo) + [1] * len(answer)
     return ids, mask, tuple(scbench_answer(name, q.references) for q in ctx.questions)
 
 
