@@ -153,17 +153,17 @@ stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
   --curriculum 768@0 --save-every 20 --eval-limit 0 \
   --mix "scbench_kv8_short_say=0.3,scbench_kv8_say=0.1,scbench_kv8_short_echo=0.1,$KEEP10"
 gate stage10t stage10a 8 6 --say
-# 10a mixes in scbench_kv8_echo rows (answers that first repeat the asked pair's text up to its value, as stage
-# 3's echo rows did for needles): 240 steps of scbench_kv8 alone left the probe at chance (docs/models.md).
-stage stage10a --init "$OUT/stage10t/final" --seed 30 --steps 600 --lr 1e-3 \
-  --curriculum 1024@0 --save-every 20 --mix "scbench_kv8=0.25,scbench_kv8_echo=0.25,$KEEP10" --eval-limit 0
-gate stage10a stage10b 8
+# 10t learned it: --say top-1 1.00 at 8 and 16 pairs with full UUID keys (docs/models.md). From here every kv row
+# answers with the quoted pair (the bare-value rows of the earlier 10a left the probe at chance). 10a: full keys.
+stage stage10a --init "$OUT/stage10t/final" --seed 30 --steps 300 --lr 1e-3 \
+  --curriculum 1024@0 --save-every 20 --mix "scbench_kv8_say=0.4,scbench_kv8_short_say=0.1,$KEEP10" --eval-limit 0
+gate stage10a stage10b 8 "" --say
 stage stage10b --init "$OUT/stage10a/final" --seed 31 --steps 400 --lr 1e-3 \
-  --curriculum 1536@0 --save-every 20 --mix "scbench_kv16=0.4,scbench_kv8=0.1,$KEEP10" --eval-limit 0
-gate stage10b stage10c 16
+  --curriculum 1536@0 --save-every 20 --mix "scbench_kv16_say=0.4,scbench_kv8_say=0.1,$KEEP10" --eval-limit 0
+gate stage10b stage10c 16 "" --say
 stage stage10c --init "$OUT/stage10b/final" --seed 32 --steps 300 --batch-size 4 --lr 7e-4 \
-  --curriculum 3072@0 --save-every 20 --mix "scbench_kv32=0.4,scbench_kv16=0.1,$KEEP10" --eval-limit 0
-gate stage10c stage10d 32
+  --curriculum 3072@0 --save-every 20 --mix "scbench_kv32_say=0.4,scbench_kv16_say=0.1,$KEEP10" --eval-limit 0
+gate stage10c stage10d 32 "" --say
 stage stage10d --init "$OUT/stage10c/final" --seed 33 --steps 300 --batch-size 4 --lr 5e-4 \
   --curriculum 4096@0 --save-every 20 --mix "scbench_kv=0.4,scbench_kv32=0.1,$KEEP10" \
   --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"

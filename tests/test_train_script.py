@@ -122,7 +122,7 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
         and "--init models/tiny-trained/stage10s/final " in calls[1]
     )
     assert (
-        "--mix scbench_kv8=0.25,scbench_kv8_echo=0.25," in calls[2]
+        "--mix scbench_kv8_say=0.4,scbench_kv8_short_say=0.1," in calls[2]
         and "--init models/tiny-trained/stage10t/final " in calls[2]
     )
     assert "--init models/tiny-trained/stage10a/final " in calls[3]

@@ -79,6 +79,8 @@ KV_CURRICULUM: dict[str, tuple[int, int]] = {
     # kv scorer counts the value as a substring, so the quote scores as the bare value does)
     "scbench_kv8_short_say": (4, 8),
     "scbench_kv8_say": (4, 8),
+    "scbench_kv16_say": (9, 16),
+    "scbench_kv32_say": (17, 32),
 }
 #: the range of key lengths (hex characters) of the ``*_short`` curriculum rows
 SHORT_KEY_CHARS = (4, 8)
