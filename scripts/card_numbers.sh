@@ -6,10 +6,12 @@
 #                 when RULER's essays are present (KVBENCH_DATA_DIR=…/ruler/PaulGrahamEssays.json's parent);
 #   ruler-1024:   the same six tasks at 1,024 tokens (the length stages 1-7 were trained at);
 #   scbench:      SCBench's offline-generated tasks (kv, mf, prefix_suffix, vt) at the model's length,
-#                 LIMIT_SCBENCH contexts x 5 questions (default 20), full cache and random at p = 0.1;
+#                 LIMIT_SCBENCH contexts x 5 questions (default 20), full cache and random at p = 0.1, at
+#                 seed 42 (scbench/) and seed 43 (scbench-seed43/);
 #   eviction:     the 7 methods + oracle at p = 0.5 / 0.1 on four RULER tasks, LIMIT_EVICT items (default 10).
 # Resumes where it stopped (rows are kept per setting and artifact).
-# Usage: [THREADS=N] bash scripts/card_numbers.sh MODEL [OUT]   (default OUT: results/card-MODEL)
+# Usage: [THREADS=N] [BEFORE_1024=MEAN] bash scripts/card_numbers.sh MODEL [OUT]   (default OUT: results/card-MODEL;
+#        BEFORE_1024: the five-task mean at 1,024 tokens before issue 44, see scripts/card_targets.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: bash scripts/card_numbers.sh MODEL [OUT]}
@@ -25,11 +27,14 @@ fi
 run --method full --bench ruler --task "$SIX" --length 1024 --limit "${LIMIT_FULL:-50}" --out "$OUT/ruler-1024"
 run --method full,random --p 0.1 --bench scbench --task kv,mf,prefix_suffix,vt --limit "${LIMIT_SCBENCH:-20}" \
   --out "$OUT/scbench"
+# the same at the second declared evaluation seed (kvbench_training.EVAL_SEEDS; no training row uses it)
+run --method full,random --p 0.1 --bench scbench --task kv,mf,prefix_suffix,vt --limit "${LIMIT_SCBENCH:-20}" \
+  --seed 43 --out "$OUT/scbench-seed43"
 run --method full,random --p 0.1 --bench ruler --task niah_single_1 --limit "${LIMIT_FULL:-50}" --out "$OUT/ruler-full"
 run --method full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle --bench ruler \
   --task niah_single_1,niah_multikey_2,vt,fwe --p 0.5,0.1 --limit "${LIMIT_EVICT:-10}" --out "$OUT/eviction"
-for part in ruler-full ruler-1024 scbench eviction; do
+for part in ruler-full ruler-1024 scbench scbench-seed43 eviction; do
   echo "== $MODEL: $part ($OUT/$part)"
   kvbench report --results "$OUT/$part" --out "$OUT/report-$part"
 done
-.venv/bin/python scripts/card_targets.py "$OUT"
+.venv/bin/python scripts/card_targets.py "$OUT" ${BEFORE_1024:+--before-1024 "$BEFORE_1024"}

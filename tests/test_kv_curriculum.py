@@ -166,3 +166,18 @@ def test_say_rows_supervise_the_quoted_pair_which_the_kv_scorer_accepts():
             for value in refs:
                 assert f'Key: "{keys[value]}"' in text and f'"{keys[value]}": "{value}"' in text
                 assert score("scbench_kv", f'"{keys[value]}": "{value}', [value]) == 100.0
+
+
+def test_full_context_say_rows_fill_the_evaluation_length():
+    """``scbench_kv64_say``: a pair count drawn in 33-64, cut to what fits, so at the evaluation's 4,096 tokens
+    the rows reach the generator's full context (as many pairs as fit) and never exceed the length."""
+    tok = tokenizer()
+    counts = []
+    for ex_seed in range(T.TRAIN_SEED_BASE, T.TRAIN_SEED_BASE + 8):
+        ids, mask, refs = T.kv_curriculum_row("scbench_kv64_say", ex_seed, 4096, tok)
+        assert len(ids) == len(mask) <= 4096 and refs
+        counts.append(len(_pairs(tok.decode(ids))))
+    assert all(33 <= c <= 64 for c in counts)
+    # counts above what fits are cut to it: the longest rows hold the full context's ~51 pairs (45 or more)
+    assert max(counts) >= 45 and len(set(counts)) > 1
+    assert T.kv_curriculum_row("scbench_kv64_say", T.TRAIN_SEED_BASE, 2048, tok) is None

@@ -81,6 +81,8 @@ KV_CURRICULUM: dict[str, tuple[int, int]] = {
     "scbench_kv8_say": (4, 8),
     "scbench_kv16_say": (9, 16),
     "scbench_kv32_say": (17, 32),
+    # up to the full 4,096-token context: a count drawn in 33-64 is cut to what fits (about 51 pairs at 4,096)
+    "scbench_kv64_say": (33, 64),
 }
 #: the range of key lengths (hex characters) of the ``*_short`` curriculum rows
 SHORT_KEY_CHARS = (4, 8)
