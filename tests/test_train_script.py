@@ -42,7 +42,7 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
     (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
-TEN = ["stage10s", "stage10t", "stage10a", "stage10b", "stage10c", "stage10d"]
+TEN = ["stage10s", "stage10t", "stage10u"]
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -110,8 +110,8 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
 
 def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     """The shipped model already exported after stage 9 (context_length 4,096): stages 8-9 are not trained
-    again; the key-matching stages 10s-10d start from the shipped weights (10s: short keys; 10t, quoted pairs,
-    from 10s; 10a from 10t)."""
+    again; the key-matching stages 10s-10u start from the shipped weights (10s: short keys; 10t, quoted pairs,
+    from 10s; 10u, up to the full context's pairs at 1,536 then 4,096 tokens, from 10t, exporting)."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
     calls = _run(repo, "qwen3_next", from_scratch=False)
@@ -122,11 +122,11 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
         and "--init models/tiny-trained/stage10s/final " in calls[1]
     )
     assert (
-        "--mix scbench_kv8_say=0.4,scbench_kv8_short_say=0.1," in calls[2]
+        "--mix scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1," in calls[2]
         and "--init models/tiny-trained/stage10t/final " in calls[2]
+        and "--curriculum 1536@0,4096@0.8 " in calls[2]
     )
-    assert "--init models/tiny-trained/stage10a/final " in calls[3]
-    assert "--export kvbench/builtin/tiny-trained" in calls[5] and calls[-1] == "calibrate tiny-trained"
+    assert "--export kvbench/builtin/tiny-trained" in calls[2] and calls[-1] == "calibrate tiny-trained"
 
 
 def test_a_stage_10_waits_for_the_probe(tmp_path):
