@@ -3,6 +3,8 @@ fuzzing of every scorer on arbitrary text."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -288,6 +290,68 @@ def test_repoqa_references_round_trip_and_validation():
         rq.repoqa_references(MEAN, "cobol", "x", NEEDLES)
     with pytest.raises(ValueError):
         score("scbench_repoqa", "x", (MEAN, "cobol", "x"))
+
+
+def test_repoqa_references_validation_edges_and_messages():
+    """The smallest valid layout is gold, lang and name with no needles; each malformed one names itself."""
+    assert rq.parse_repoqa_references((MEAN, "python", "x")) == (MEAN, "python", "x", [])
+    with pytest.raises(ValueError, match=r"target_name, name_1, source_1, \.\.\.\), got 2 items$"):
+        rq.parse_repoqa_references((MEAN, "python"))
+    with pytest.raises(ValueError, match=r"got 1 items$"):
+        rq.parse_repoqa_references((MEAN,))
+    with pytest.raises(ValueError, match=r"got 4 items$"):
+        rq.parse_repoqa_references((MEAN, "python", "x", "lonely_name"))
+    with pytest.raises(ValueError, match=r"got a string items$"):
+        rq.parse_repoqa_references("gold python name")
+    valid = "valid: python, java, typescript, rust, cpp, go"
+    with pytest.raises(ValueError, match=f"unknown repoqa language 'cobol' in references; {valid}$"):
+        rq.parse_repoqa_references((MEAN, "cobol", "x"))
+    with pytest.raises(ValueError, match=f"unknown repoqa language 'cobol'; {valid}$"):
+        rq.repoqa_references(MEAN, "cobol", "x", NEEDLES)
+    with pytest.raises(ValueError, match=f"unknown repoqa language 'cobol'; {valid}$"):
+        rq.sanitize_output("x", "cobol")
+
+
+def test_function_similarity_hand_worked_smoothing():
+    """'a b c x' against 'a b c d': n-gram precisions 3/4, 2/3, 1/2 and 0/1; nltk's method4 replaces the zero
+    by 1 / (2 * 5 / ln 4) (k = 5, hypothesis length 4), brevity penalty 1, so BLEU = the precisions' geometric
+    mean. Without smoothing it would be 0."""
+    expected = (3 / 4 * 2 / 3 * 1 / 2 * (math.log(4) / 10)) ** 0.25
+    assert rq.function_similarity("a b c x", "  a   b\nc d ") == pytest.approx(expected, rel=1e-12)
+    assert rq.function_similarity("alpha beta gamma delta", "alpha beta gamma delta") == 1.0
+
+
+def test_repoqa_pass_threshold_is_inclusive():
+    assert rq.repoqa_pass(fence(MEAN), "python", "running_mean", NEEDLES, threshold=1.0)  # similarity exactly 1.0
+    assert not rq.repoqa_pass(fence(MEAN), "python", "running_mean", NEEDLES, threshold=1.0 + 1e-12)
+
+
+def test_parser_available_says_whether_tree_sitter_is_used(monkeypatch):
+    assert rq.parser_available() == (importlib.util.find_spec("tree_sitter_languages") is not None)
+    monkeypatch.setattr(rq, "_ts", lambda lang: None)
+    assert not rq.parser_available()
+
+
+def test_a_block_the_parser_fails_on_is_skipped(monkeypatch):
+    """As in the official code, a parser failure on one block moves on to the next block (it does not stop)."""
+
+    class Node:
+        def __init__(self, data: bytes):
+            self.start_byte, self.end_byte, self.data = 0, len(data), data
+
+    class Parser:
+        def parse(self, data: bytes):
+            return type("Tree", (), {"root_node": Node(data)})()
+
+    class Query:
+        def captures(self, root: Node):
+            if root.data.startswith(b"broken"):
+                raise RuntimeError("parser failure")
+            return [(root, "fdef")]
+
+    monkeypatch.setattr(rq, "_ts", lambda lang: (Parser(), Query()))
+    output = "```\nbroken (\n```\nthen\n```\ndef ok(): pass\n```"
+    assert rq.sanitize_output(output, "python") == "def ok(): pass\n"
 
 
 def test_repoqa_and_kv_kv_half_official_always_zero():

@@ -51,6 +51,31 @@ def test_register_custom_and_conflict(monkeypatch):
         register_scorer("test_exact_match_tmp")(lambda p, r: 0.0)
 
 
+def test_registration_messages_name_the_function_and_the_fault(monkeypatch):
+    """A conflict names where the taken name came from (module and qualified name, '?' for what a callable
+    lacks); a non-callable is refused by name."""
+    monkeypatch.setattr(scorers, "SCORERS", Registry("scorer", "kvbench.scorers", scorers.BUILTIN_SCORERS,
+                                                     check=scorers._check_scorer))
+
+    def first(prediction, references):
+        return 0.0
+
+    register_scorer("test_tmp_a")(first)
+    with pytest.raises(ValueError, match=r"register_scorer\(tests\.test_scorers\.test_registration_messages_name_"
+                       r"the_function_and_the_fault\.<locals>\.first\)"):
+        register_scorer("test_tmp_a")(lambda p, r: 1.0)
+
+    class Callable:  # an instance: a module through its class, no __qualname__
+        def __call__(self, prediction, references):
+            return 0.0
+
+    register_scorer("test_tmp_b")(Callable())
+    with pytest.raises(ValueError, match=r"register_scorer\(tests\.test_scorers\.\?\)"):
+        register_scorer("test_tmp_b")(first)
+    with pytest.raises(ValueError, match=r"^scorer 'test_tmp_c': 5 is not callable$"):
+        register_scorer("test_tmp_c")(5)
+
+
 def test_hand_worked_all_vs_part():
     refs = ["1234567", "89"]
     pred = "the number is 1234567."
