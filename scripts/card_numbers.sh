@@ -8,7 +8,9 @@
 #   scbench:      SCBench's offline-generated tasks (kv, mf, prefix_suffix, vt) at the model's length,
 #                 LIMIT_SCBENCH contexts x 5 questions (default 20), full cache and random at p = 0.1, at
 #                 seed 42 (scbench/) and seed 43 (scbench-seed43/);
-#   eviction:     the 7 methods + oracle at p = 0.5 / 0.1 on four RULER tasks, LIMIT_EVICT items (default 10).
+#   eviction:     the 7 methods + oracle at p = 0.5 / 0.1 on four RULER tasks, LIMIT_EVICT items (default 10);
+#   eviction-scbench: the same on SCBench's four generated tasks, LIMIT_EVICT_SCBENCH contexts x 5 questions
+#                 (default 5).
 # Resumes where it stopped (rows are kept per setting and artifact).
 # Usage: [THREADS=N] [BEFORE_1024=MEAN] bash scripts/card_numbers.sh MODEL [OUT]   (default OUT: results/card-MODEL;
 #        BEFORE_1024: the five-task mean at 1,024 tokens before issue 44, see scripts/card_targets.py)
@@ -33,7 +35,9 @@ run --method full,random --p 0.1 --bench scbench --task kv,mf,prefix_suffix,vt -
 run --method full,random --p 0.1 --bench ruler --task niah_single_1 --limit "${LIMIT_FULL:-50}" --out "$OUT/ruler-full"
 run --method full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle --bench ruler \
   --task niah_single_1,niah_multikey_2,vt,fwe --p 0.5,0.1 --limit "${LIMIT_EVICT:-10}" --out "$OUT/eviction"
-for part in ruler-full ruler-1024 scbench scbench-seed43 eviction; do
+run --method full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle --bench scbench \
+  --task kv,mf,prefix_suffix,vt --p 0.5,0.1 --limit "${LIMIT_EVICT_SCBENCH:-5}" --out "$OUT/eviction-scbench"
+for part in ruler-full ruler-1024 scbench scbench-seed43 eviction eviction-scbench; do
   echo "== $MODEL: $part ($OUT/$part)"
   kvbench report --results "$OUT/$part" --out "$OUT/report-$part"
 done

@@ -40,6 +40,50 @@ def task_means(scores: dict, bench: str, method: str, p: float) -> dict[str, tup
     }
 
 
+METHODS = ("full", "random", "snapkv", "keydiff", "triattention", "kvzip", "gatesight", "oracle")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.1f}".removesuffix(".0")
+
+
+def methods_table(directory: Path, title: str) -> str:
+    """The Markdown table of docs/methods.md from one eviction directory's rows: a row per method (with its
+    allocation), a column per task and the mean over tasks; cells "p = 0.5 / 0.1" (``full``: its one value)."""
+    rows = [
+        json.loads(line)
+        for path in sorted(directory.glob("results*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    cells: dict[tuple[str, float, str], list[float]] = defaultdict(list)
+    allocation: dict[str, str] = {}
+    for row in rows:
+        cells[(row["method"], float(row["p"]), row["task"])].append(float(row["score"]))
+        allocation[row["method"]] = row["allocation"]
+    found = {t for _, _, t in cells}
+    order = SCBENCH if found <= set(SCBENCH) else FIVE
+    tasks = sorted(found, key=lambda t: (t not in order, order.index(t) if t in order else 0, t))
+    ps = sorted({p for m, p, _ in cells if m != "full"}, reverse=True)
+    lines = [f"| {title} | {' | '.join(tasks)} | mean |", "|---|" + "---:|" * (len(tasks) + 1)]
+    for method in [m for m in METHODS if m in allocation] + sorted(set(allocation) - set(METHODS)):
+        label = f"{method} [{allocation[method]}]" + (" (query-aware)" if method == "oracle" else "")
+        per_p = [1.0] if method == "full" else ps
+        columns = []
+        for task in [*tasks, None]:
+            values = []
+            for p in per_p:
+                if task is None:
+                    means = [mean(cells[(method, p, t)]) for t in tasks if cells.get((method, p, t))]
+                    values.append(_fmt(mean(means)) if len(means) == len(tasks) else "")
+                else:
+                    v = cells.get((method, p, task))
+                    values.append(_fmt(mean(v)) if v else "")
+            columns.append(" / ".join(values))
+        lines.append(f"| {label} | {' | '.join(columns)} |")
+    return "\n".join(lines)
+
+
 def target(name: str, value: float | None, op: str, bound: float) -> str:
     if value is None:
         return f"  {name}: not measured (target {op} {bound:g})"
@@ -51,7 +95,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--before-1024", type=float, help="the five-task mean at 1,024 tokens before issue 44's stages")
+    ap.add_argument("--methods-table", metavar="TITLE", help="print docs/methods.md's tables (eviction, eviction-scbench)")
     args = ap.parse_args()
+    if args.methods_table:
+        for sub in ("eviction", "eviction-scbench"):
+            if (args.out / sub).is_dir():
+                print(methods_table(args.out / sub, f"{args.methods_table}, {sub}"), end="\n\n")
+        return
     full = read_scores(args.out / "ruler-full")
     r1024 = read_scores(args.out / "ruler-1024")
     ruler = task_means(full, "ruler", "full", 1.0)

@@ -16,7 +16,7 @@
 # Stages 10s-10u (both ARCHs, issue 44): SCBench kv key matching (short keys, then answers that quote the asked
 # pair), then every SCBench task up to the full 4,096-token context, from the shipped weights (or stage 9's
 # final/); each later one gated by scripts/probe_kv.py on the one before (exit 3 when not learned); export and
-# calibration after 10u.
+# calibration after 10u (tiny-trained) or after 10v, 100 more steps at 4,096 tokens (the dense twin).
 # Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@
 STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
 STAGES+=(stage10s stage10t stage10u)
+[ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v)
 # stage NAME ARGS...: train stage NAME into $OUT/NAME, unless a later stage has finished (its final/ is then
 # all the run needs from NAME); a finished NAME itself is returned by train-tiny without training.
 stage() {
@@ -49,10 +50,14 @@ stage() {
 # gate DONE NEXT PAIRS [KEY_CHARS] [MODE] [TOP1]: stage NEXT starts only once stage DONE has learned key matching
 # at PAIRS pairs (scripts/probe_kv.py on SCBench kv rows of the evaluation seed, keys cut to KEY_CHARS, MODE
 # --echo or --say, top-1 at least TOP1, default $GATE_TOP1 or 0.8; it exits 3 naming what it measured);
-# no probe when NEXT has already finished.
+# no probe when NEXT or a later stage has already finished.
 PROBE=${PROBE:-.venv/bin/python scripts/probe_kv.py}
 gate() {
-  [ -f "$OUT/$2/final/training_args.json" ] && return 0
+  local s later=0
+  for s in "${STAGES[@]}"; do  # NEXT or a stage after it has finished: nothing to gate
+    if [ "$s" = "$2" ]; then later=1; fi
+    if [ "$later" = 1 ] && [ -f "$OUT/$s/final/training_args.json" ]; then return 0; fi
+  done
   local json="$OUT/$1/probe-$3${5:+${5#--}}.json"
   $PROBE "$OUT/$1/final" --pairs "$3" --rows 4 ${4:+--key-chars "$4"} ${5:+"$5"} --require-top1 "${6:-${GATE_TOP1:-0.8}}" \
     ${THREADS:+--threads "$THREADS"} --json "$json" || { echo "$2 not started: $1 has not learned key matching at" \
@@ -160,8 +165,20 @@ stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
 # other tasks at three times their 10t weight, RULER's tasks kept; 1,536-token rows, the last fifth at 4,096.
 gate stage10t stage10u 51 "" --say
 KEEP10U=niah_single_1=0.04,niah_multikey_2=0.07,niah_multikey_3=0.04,vt=0.05,fwe=0.04,lookup=0.05,echo=0.02,chains=0.03
+EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
+# tiny-trained exports after 10u (SCBench kv 71 at full cache); the dense twin after 10v
+if [ "$ARCH" = qwen3_5 ]; then EXPORT10U=(--eval-limit 0); else EXPORT10U=("${EXPORT[@]}"); fi
 stage stage10u --init "$OUT/stage10t/final" --seed 36 --steps 300 --batch-size 4 --lr 7e-4 \
   --curriculum 1536@0,4096@0.8 --save-every 10 \
   --mix "scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.09,scbench_vt=0.12,$KEEP10U" \
-  --eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md"
+  "${EXPORT10U[@]}"
+# 10v (dense twin only): 10u left it at SCBench kv 54 (tiny-trained: 71), 60 steps of its 300 having been at 4,096
+# tokens; 100 more steps x 4 rows all at 4,096, kv rows of the full context's pairs 30 %, lr 5e-4. Measured run:
+# started from 10u's bf16 export (its float32 final/ was lost with its machine), not from 10u's final/ as here.
+if [ "$ARCH" = qwen3_5 ]; then
+  stage stage10v --init "$OUT/stage10u/final" --seed 37 --steps 100 --batch-size 4 --lr 5e-4 \
+    --curriculum 4096@0 --save-every 10 \
+    --mix "scbench_kv64_say=0.3,scbench_kv32_say=0.06,scbench_mf=0.1,scbench_prefix_suffix=0.1,scbench_vt=0.1,$KEEP10U" \
+    "${EXPORT[@]}"
+fi
 bash scripts/calibrate_tiny.sh "$NAME"

@@ -62,3 +62,25 @@ def test_card_targets_says_what_was_not_measured(tmp_path):
     assert "RULER five-task mean: not measured (target >= 45)" in out
     assert "scbench kv: not measured (target >= 60)" in out
     assert "scbench-seed43: not measured" in out
+
+
+def test_methods_table_cells_are_per_p_means(tmp_path):
+    """docs/methods.md's table: full once, other methods 'p=0.5 / p=0.1', the mean over tasks per p."""
+    rows = [
+        {"bench": "scbench", "task": t, "method": m, "allocation": a, "p": p, "length": 4096, "score": s}
+        for t, m, a, p, s in [
+            ("kv", "full", "flat", 1.0, 100.0), ("kv", "full", "flat", 1.0, 50.0), ("mf", "full", "flat", 1.0, 10.0),
+            ("kv", "snapkv", "flat", 0.5, 80.0), ("kv", "snapkv", "flat", 0.1, 0.0), ("mf", "snapkv", "flat", 0.5, 10.0),
+            ("mf", "snapkv", "flat", 0.1, 5.0), ("kv", "oracle", "gate", 0.5, 100.0),
+        ]
+    ]  # fmt: skip
+    (tmp_path / "eviction-scbench").mkdir()
+    (tmp_path / "eviction-scbench" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "card_targets.py"), str(tmp_path), "--methods-table", "m"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out[0] == "| m, eviction-scbench | kv | mf | mean |"
+    assert out[2] == "| full [flat] | 75 | 10 | 42.5 |"
+    assert out[3] == "| snapkv [flat] | 80 / 0 | 10 / 5 | 45 / 2.5 |"
+    assert out[4] == "| oracle [gate] (query-aware) | 100 /  |  /  |  /  |"  # missing cells stay empty

@@ -43,6 +43,7 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
 
 
 TEN = ["stage10s", "stage10t", "stage10u"]
+TEN_DENSE = [*TEN, "stage10v"]  # the dense twin trains 10v after 10u and exports after it
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -69,7 +70,7 @@ def _stages(calls: list[str]) -> list[str]:
         (
             "qwen3_5",
             "tiny-trained-dense",
-            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", *TEN],
+            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", *TEN_DENSE],
         ),
     ],
 )
@@ -99,7 +100,8 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
     with it, stage 8 starts from the last earlier stage's final/."""
     repo = _layout(tmp_path)
     calls = _run(repo, arch, from_scratch=False)
-    assert _stages(calls) == ["stage8", "stage9", *TEN] and calls[-1] == f"calibrate {name}"
+    ten = TEN_DENSE if arch == "qwen3_5" else TEN
+    assert _stages(calls) == ["stage8", "stage9", *ten] and calls[-1] == f"calibrate {name}"
     assert f"--init kvbench/builtin/{name} " in calls[0]
     assert f"--init models/{name}/stage8/final " in calls[1] and f"--export kvbench/builtin/{name}" in calls[1]
     shutil.rmtree(repo / "models")
@@ -129,6 +131,20 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     assert "--export kvbench/builtin/tiny-trained" in calls[2] and calls[-1] == "calibrate tiny-trained"
 
 
+def test_the_dense_twin_exports_after_stage_10v(tmp_path):
+    """tiny-trained-dense: 10u does not export; 10v (4,096-token rows, from 10u's final/) does, then calibration."""
+    repo = _layout(tmp_path)
+    _ship(repo, "tiny-trained-dense", 4096)
+    calls = [c for c in _run(repo, "qwen3_5", from_scratch=False) if c.startswith("train-tiny")]
+    assert _stages(calls) == TEN_DENSE
+    assert "--export" not in calls[2] and "--eval-limit 0" in calls[2]
+    assert (
+        "--init models/tiny-trained-dense/stage10u/final " in calls[3]
+        and "--curriculum 4096@0 " in calls[3]
+        and "--export kvbench/builtin/tiny-trained-dense" in calls[3]
+    )
+
+
 def test_a_stage_10_waits_for_the_probe(tmp_path):
     """Stage 10t starts only once the probe says stage 10s copies the asked pair's value (--echo, 6-character keys,
     8 pairs, top-1 0.5); a probe that says no stops the script (exit 3, naming what to do) with 10s trained and
@@ -147,3 +163,21 @@ def test_a_stage_10_waits_for_the_probe(tmp_path):
         "probe models/tiny-trained/stage10s/final --pairs 8 --rows 4 --key-chars 6 --echo --require-top1 0.5 "
     )
     assert "models/tiny-trained/stage10s/probe-8echo.json" in lines[-1]
+
+
+def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
+    """Only stage 10v's final/ on the machine (what the repository carries for the dense twin): no probe runs on
+    the missing 10s-10u, no stage trains, and the export's calibration follows."""
+    repo = _layout(tmp_path)
+    _ship(repo, "tiny-trained-dense", 4096)
+    final = repo / "models" / "tiny-trained-dense" / "stage10v" / "final"
+    final.mkdir(parents=True)
+    (final / "training_args.json").write_text("{}")
+    probe = repo / "probe.sh"
+    probe.write_text('echo "probe $*" >> "$CALLS"; exit 3\n')
+    calls = repo / "calls.txt"
+    env = dict(os.environ, ARCH="qwen3_5", CALLS=str(calls), FROM_SCRATCH="0", PROBE=f"bash {probe}")
+    subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
+    lines = calls.read_text().splitlines()
+    assert not any(line.startswith("probe") for line in lines)
+    assert _stages(lines) == ["stage10v"] and lines[-1] == "calibrate tiny-trained-dense"
