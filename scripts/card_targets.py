@@ -20,16 +20,23 @@ FIVE = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe")
 SCBENCH = ("kv", "mf", "prefix_suffix", "vt")
 
 
+def read_rows(directory: Path) -> list[dict]:
+    """Every result row of every ``results*.jsonl`` of ``directory``."""
+    return [
+        json.loads(line)
+        for path in sorted(directory.glob("results*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
 def read_scores(directory: Path) -> dict[tuple[str, str, str, float, int], list[float]]:
     """Scores by (bench, task, method, p, length) from every ``results*.jsonl`` of ``directory``."""
     scores: dict[tuple[str, str, str, float, int], list[float]] = defaultdict(list)
-    for path in sorted(directory.glob("results*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                scores[(row["bench"], row["task"], row["method"], float(row["p"]), int(row["length"]))].append(
-                    float(row["score"])
-                )
+    for row in read_rows(directory):
+        scores[(row["bench"], row["task"], row["method"], float(row["p"]), int(row["length"]))].append(
+            float(row["score"])
+        )
     return scores
 
 
@@ -50,15 +57,9 @@ def _fmt(x: float) -> str:
 def methods_table(directory: Path, title: str) -> str:
     """The Markdown table of docs/methods.md from one eviction directory's rows: a row per method (with its
     allocation), a column per task and the mean over tasks; cells "p = 0.5 / 0.1" (``full``: its one value)."""
-    rows = [
-        json.loads(line)
-        for path in sorted(directory.glob("results*.jsonl"))
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
     cells: dict[tuple[str, float, str], list[float]] = defaultdict(list)
     allocation: dict[str, str] = {}
-    for row in rows:
+    for row in read_rows(directory):
         cells[(row["method"], float(row["p"]), row["task"])].append(float(row["score"]))
         allocation[row["method"]] = row["allocation"]
     found = {t for _, _, t in cells}

@@ -33,18 +33,25 @@ STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
 STAGES+=(stage10s stage10t stage10u)
 [ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v)
+finished() { [ -f "$OUT/$1/final/training_args.json" ]; }
+# finished_after NAME: prints the first stage after NAME (in STAGES order) whose final/ is complete; false if none
+finished_after() {
+  local later=0 s
+  for s in "${STAGES[@]}"; do
+    if [ "$later" = 1 ] && finished "$s"; then echo "$s"; return 0; fi
+    if [ "$s" = "$1" ]; then later=1; fi
+  done
+  return 1
+}
 # stage NAME ARGS...: train stage NAME into $OUT/NAME, unless a later stage has finished (its final/ is then
 # all the run needs from NAME); a finished NAME itself is returned by train-tiny without training.
 stage() {
-  local name=$1 later=0 s
+  local name=$1 done
   shift
-  for s in "${STAGES[@]}"; do
-    if [ "$later" = 1 ] && [ -f "$OUT/$s/final/training_args.json" ]; then
-      echo "$name: skipped ($s has finished)" >&2
-      return 0
-    fi
-    if [ "$s" = "$name" ]; then later=1; fi
-  done
+  if done=$(finished_after "$name"); then
+    echo "$name: skipped ($done has finished)" >&2
+    return 0
+  fi
   train --out "$OUT/$name" "$@"
 }
 # gate DONE NEXT PAIRS [KEY_CHARS] [MODE] [TOP1]: stage NEXT starts only once stage DONE has learned key matching
@@ -53,11 +60,7 @@ stage() {
 # no probe when NEXT or a later stage has already finished.
 PROBE=${PROBE:-.venv/bin/python scripts/probe_kv.py}
 gate() {
-  local s later=0
-  for s in "${STAGES[@]}"; do  # NEXT or a stage after it has finished: nothing to gate
-    if [ "$s" = "$2" ]; then later=1; fi
-    if [ "$later" = 1 ] && [ -f "$OUT/$s/final/training_args.json" ]; then return 0; fi
-  done
+  if finished "$2" || finished_after "$2" >/dev/null; then return 0; fi
   local json="$OUT/$1/probe-$3${5:+${5#--}}.json"
   $PROBE "$OUT/$1/final" --pairs "$3" --rows 4 ${4:+--key-chars "$4"} ${5:+"$5"} --require-top1 "${6:-${GATE_TOP1:-0.8}}" \
     ${THREADS:+--threads "$THREADS"} --json "$json" || { echo "$2 not started: $1 has not learned key matching at" \
