@@ -269,7 +269,7 @@ def parse_method_options(items: Sequence[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for item in items:
         target, eq, value = item.partition("=")
-        method, dot, option = target.strip().partition(".")
+        method, dot, option = target.strip().rpartition(".")  # an option name has no dot; a method's may
         if not (eq and dot and method and option):
             raise KvbenchError(f"--set {item!r} is not of the form METHOD.OPTION=VALUE (e.g. triattention.mlr=false)")
         method_class(method)

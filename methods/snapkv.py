@@ -89,7 +89,10 @@ class SnapKV(EvictionMethod):
             attn = window_attention(parent.queries(f, range(start, n)), keys, start)  # [H, W, n]
             summed = attn.sum(dim=1)  # [H, n]
             body = summed[:, :start] if self.keep_window else summed
-            pooled = F.max_pool1d(body[:, None, :], kernel_size=self.kernel_size, stride=1, padding=pad)[:, 0]
+            if body.shape[1] > 0:
+                pooled = F.max_pool1d(body[:, None, :], kernel_size=self.kernel_size, stride=1, padding=pad)[:, 0]
+            else:  # keep_window and a context no longer than the window: nothing outside it to score
+                pooled = body
             scores = pooled.view(H_kv, H // H_kv, -1).mean(dim=1)  # [H_kv, n or start]
             if self.keep_window:
                 top = scores.amax(dim=1, keepdim=True) if start > 0 else scores.new_zeros(H_kv, 1)

@@ -8,7 +8,10 @@
 #   budgets   kvbench/budgets.py                      <- test_budgets, test_methods_invariants
 #   scorers   scorers/*.py                            <- test_scorers, test_scbench_scorers, test_scbench_official_scorers
 #   results   kvbench/results*.py, kvbench/rows.py    <- test_results, test_results_upgrade, test_rows, test_store_cli
-#   methods   methods/*.py (scoring and selection)    <- test_methods_*, test_budgets, test_gatesight
+#   methods   methods/*.py, gatesight/{features,      <- test_methods_*, test_budgets, test_gatesight, test_oracle
+#             estimator,method}.py: what runs when a      (not its two CLI runs), test_triattention_trig
+#             method scores (GateSight's offline label / train / evaluate pipeline is left out: its output is
+#             a recorded artifact)
 #   ruler     tasks/ruler*.py                         <- test_ruler, test_ruler_official
 #   scbench   tasks/scbench*.py, kvbench/prompt.py    <- test_scbench*, test_prompt
 #
@@ -38,10 +41,14 @@ MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"
 MUTATE[results]="kvbench/results*.py kvbench/rows.py"
 TESTS[results]="tests/test_results.py tests/test_results_upgrade.py tests/test_rows.py tests/test_store_cli.py"
-MUTATE[methods]="kvbench/methods/*.py"
+# (listed by name: mutmut matches fnmatch patterns, whose * also crosses "/")
+MUTATE[methods]="$(cd methods && printf 'kvbench/methods/%s ' ./*.py | sed 's#/\./#/#g')kvbench/methods/gatesight/features.py
+  kvbench/methods/gatesight/estimator.py kvbench/methods/gatesight/method.py"
 TESTS[methods]="tests/test_methods_invariants.py tests/test_methods_keydiff.py tests/test_methods_kvzip.py
   tests/test_methods_options.py tests/test_methods_snapkv.py tests/test_methods_triattention.py tests/test_budgets.py
-  tests/test_gatesight.py"
+  tests/test_gatesight.py tests/test_oracle.py tests/test_triattention_trig.py
+  --deselect tests/test_oracle.py::test_oracle_through_the_cli_beats_random_on_the_needle
+  --deselect tests/test_oracle.py::test_model_list_runs_each_model_once_into_one_out"
 MUTATE[ruler]="kvbench/tasks/ruler*.py"
 TESTS[ruler]="tests/test_ruler.py tests/test_ruler_official.py"
 MUTATE[scbench]="kvbench/tasks/scbench*.py kvbench/prompt.py"
@@ -62,8 +69,8 @@ done
 stage() {  # stage GROUP DIR: the copy mutmut runs in (kept between runs: mutmut resumes what it has done)
   local group=$1 dir=$2
   mkdir -p "$dir"
-  rm -rf "$dir/kvbench" "$dir/tests"
-  cp -r kvbench tests "$dir/"
+  rm -rf "$dir/kvbench" "$dir/tests" "$dir/scripts"
+  cp -r kvbench tests scripts "$dir/"
   for sub in methods tasks scorers; do cp -r "$sub" "$dir/kvbench/$sub"; done
   find "$dir" -name __pycache__ -prune -exec rm -rf {} +
   "$VENV/bin/python" - "$dir/pyproject.toml" "${MUTATE[$group]}" "${TESTS[$group]}" <<'EOF'

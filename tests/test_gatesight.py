@@ -3,11 +3,15 @@ estimator, training determinism, metrics, sampling, corpora, the artifact and th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from kvbench.corpus import read_corpus
 from kvbench.engines.torch_engine import TorchEngine, TorchParent
@@ -16,13 +20,17 @@ from kvbench.methods import get_method
 from kvbench.methods.gatesight import estimator as estimator_mod
 from kvbench.methods.gatesight.estimator import (
     ARTIFACT_ENV,
+    PRODUCE_COMMAND,
+    WEIGHTS_FILE,
     GateSightEstimator,
     default_artifact_dir,
     load_artifact,
     save_artifact,
 )
 from kvbench.methods.gatesight.evaluate import k_for, metrics_for_head, spearman, top_k
-from kvbench.methods.gatesight.features import age_features, feature_dims, layer_features, window_ordinals
+from kvbench.methods.gatesight.features import AGE_NAMES, age_features, feature_dims, layer_features, window_ordinals
+from kvbench.methods.gatesight.labels import load_labels
+from kvbench.methods.gatesight.method import GateSight
 from kvbench.methods.gatesight.train import (
     TrainConfig,
     TrainingData,
@@ -46,7 +54,7 @@ from kvbench.methods.kv_utility import (
     head_output_weights,
     recompute_attention,
 )
-from kvbench.models import byte_tokenizer, fingerprint
+from kvbench.models import build_random, byte_tokenizer, fingerprint, tiny_qwen3_next_config
 from tests.conftest import tiny_model
 
 TINY_ATTN = [3, 7, 11]
@@ -147,6 +155,17 @@ def test_window_ordinals_edges():
     assert window_ordinals([0, 2], [1], 6) == [[], [0]]  # an attention layer with no GDN layer before it
     assert window_ordinals(TINY_ATTN, TINY_GDN, 0) == [[], [], []]
     assert feature_dims([[0, 1, 2], [0, 1, 2, 3, 4, 5]], 48) == [3 * 48 * 3 + 3, 867]
+    with pytest.raises(ValueError, match=r"^window must be >= 0, got -1$"):
+        window_ordinals(TINY_ATTN, TINY_GDN, -1)
+
+
+def test_feature_names_follow_the_feature_order():
+    from kvbench.methods.gatesight.features import feature_names
+
+    names = feature_names([1, 2], [0, 1, 2, 4], 2)  # GDN ordinals 1, 2 are layers 1 and 2; two value heads
+    assert len(names) == feature_dims([[1, 2]], 2)[0] == 15
+    assert names[:6] == ["gdn1.h0.beta", "gdn1.h0.g", "gdn1.h0.vnorm", "gdn1.h1.beta", "gdn1.h1.g", "gdn1.h1.vnorm"]
+    assert names[6] == "gdn2.h0.beta" and names[-3:] == ["age:i/n", "age:(n-i)/n", "age:log(1+n-i)/log(1+n)"]
 
 
 def test_layer_features_hand_built():
@@ -176,6 +195,13 @@ def test_layer_features_hand_built():
         age_features(4)[:, 2],
         torch.tensor([math.log(4) / math.log(5), math.log(3) / math.log(5), math.log(2) / math.log(5), 0.0]),
     )
+    # one GDN layer: an empty window gives the age features alone, a window of one its 3 * Hv columns first; the
+    # context length comes from the signals either way
+    one = [beta[0][:3]], [g[0][:3]], [vnorm[0][:3]]
+    assert torch.equal(layer_features(*one, []), age_features(3))
+    assert torch.equal(layer_features([], [], [], [], n=3), age_features(3))  # a model without GDN layers
+    x = layer_features(*one, [0])
+    assert x.shape == (3, Hv * 3 + 3) and torch.equal(x[:, -3:], age_features(3))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -205,13 +231,31 @@ def test_estimator_is_per_head_mlp_and_deterministic(monkeypatch):
             lin2.bias.copy_(est.b2[1][h][None])
         ref = lin2(torch.relu(lin1((x - 0.5) / 2.0))).squeeze(-1)
         assert torch.allclose(logits[h], ref, atol=1e-5)
+    longer = torch.randn(30, 21)  # more rows than features
+    whole = est.layer_logits(1, longer)
     monkeypatch.setattr(estimator_mod, "CHUNK", 4)  # chunked rows give the same scores
     assert torch.allclose(est.layer_logits(1, x), logits)
+    assert torch.allclose(est.layer_logits(1, longer), whole)
+    assert est.layer_logits(1, torch.randn(0, 21)).shape == (3, 0)  # no rows: [H_kv, 0]
     beta = [torch.rand(9, 2) for _ in range(3)]
     scores = est.score_signals(beta, [-b for b in beta], [b + 1 for b in beta])
     assert [tuple(s.shape) for s in scores] == [(3, 9), (3, 9)]
-    with pytest.raises(KvbenchError, match="expects 21"):
+    with pytest.raises(KvbenchError, match=r"^layer 1 expects 21 features, got 20$"):
         est.layer_logits(1, torch.randn(2, 20))
+    # stds below 1e-6 (constant features) become 1, the others are kept
+    est.set_feature_stats(0, torch.zeros(15), torch.tensor([0.0, 1e-7, 1e-6, 0.5, 2.0]).repeat(3))
+    assert torch.equal(est.feature_stats(0)[1], torch.tensor([1.0, 1.0, 1e-6, 0.5, 2.0]).repeat(3))
+
+
+def test_estimator_init_is_uniform_in_one_over_sqrt_fan_in():
+    """``nn.Linear``'s default: every weight and bias uniform in +-1/sqrt(fan_in) (fan_in d_f for the hidden
+    layer, hidden for the output), filling that range."""
+    est = GateSightEstimator([[0, 1]], n_kv_heads=32, n_value_heads=2, hidden=64)
+    est.reset_parameters(torch.Generator().manual_seed(0))
+    for p, fan_in in ((est.w1[0], 15), (est.b1[0], 15), (est.w2[0], 64), (est.b2[0], 64)):
+        p, bound = p.detach(), 1 / math.sqrt(fan_in)
+        assert float(p.abs().max()) <= bound
+        assert float(p.min()) < -0.5 * bound and float(p.max()) > 0.5 * bound, (tuple(p.shape), bound)
 
 
 def _synthetic_data(N=300, L_gdn=3, Hv=2, L=2, H_kv=2, seed=0):
@@ -344,12 +388,12 @@ def test_read_corpus(tmp_path):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _artifact_for(model, tok, windows=None, n_kv_heads=2, **meta) -> GateSightEstimator:
+def _artifact_for(model, tok, windows=None, n_kv_heads=2, n_value_heads=4, **meta) -> GateSightEstimator:
     engine = TorchEngine(model, tok)
     windows = windows or window_ordinals(engine.adapter.attn_layer_ids, engine.adapter.gdn_layer_ids, 6)
-    est = GateSightEstimator(windows, n_kv_heads, 4, hidden=8)
+    est = GateSightEstimator(windows, n_kv_heads, n_value_heads, hidden=8)
     est.reset_parameters(torch.Generator().manual_seed(0))
-    est.gate_means.copy_(torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64))
+    est.gate_means.copy_(torch.tensor([0.1, 0.6, 0.3][: len(windows)], dtype=torch.float64))
     est.metadata = {
         "fingerprint": fingerprint(model, tok),
         "attn_layer_ids": engine.adapter.attn_layer_ids,
@@ -360,6 +404,68 @@ def _artifact_for(model, tok, windows=None, n_kv_heads=2, **meta) -> GateSightEs
     return est
 
 
+def test_constructor_sets_seed_artifact_and_fingerprint():
+    method = get_method("gatesight")
+    assert (method.seed, method.fingerprint) == (0, None)
+    cls = type(method)
+    method = cls(seed=3, artifact="/some/dir", fingerprint="ab" * 32)
+    assert (method.seed, str(method.artifact), method.fingerprint) == (3, "/some/dir", "ab" * 32)
+    assert cls().seed == 0  # the base class's default seed
+
+
+def test_method_without_artifact_or_fingerprint_names_the_lookup(monkeypatch):
+    """No ``artifact``, no $KVBENCH_GATESIGHT_ARTIFACT and no known fingerprint: nowhere to look, said as such."""
+    monkeypatch.delenv(ARTIFACT_ENV, raising=False)
+    expected = (
+        "GateSight cannot locate its artifact: no `artifact` is set, $KVBENCH_GATESIGHT_ARTIFACT is unset and the "
+        f"model fingerprint is unknown (set `fingerprint` on the method); produce one with `{PRODUCE_COMMAND}`"
+    )
+    with pytest.raises(KvbenchError, match=f"^{re.escape(expected)}$"):
+        GateSight().resolve_artifact()
+
+
+def test_prepare_offline_trains_a_small_artifact_for_the_model(tmp_path):
+    """Two short documents labelled under ``labels/``, one epoch of training saved as ``artifact``: an instance
+    with the given seed, bound to the model's fingerprint, reading that artifact."""
+    model, tok = tiny_model("qwen3_next"), byte_tokenizer()
+    fp = fingerprint(model, tok)
+    method = GateSight.prepare_offline(model, tok, tmp_path, seed=5)
+    assert (method.seed, method.resolve_artifact(), method.model_fingerprint()) == (5, tmp_path / "artifact", fp)
+    assert len(load_labels(tmp_path / "labels").docs) == 2
+    training = load_artifact(tmp_path / "artifact", fp).metadata["training"]
+    assert training["n_documents"] == 2
+    assert training["config"]["epochs"] == 1 and len(training["loss_per_epoch"]) == 1
+    assert GateSight.prepare_offline(model, tok, tmp_path).seed == 0  # the default seed (the labels are reused)
+
+
+def test_saved_artifact_records_the_estimator(tmp_path):
+    """gatesight.json (the weights file's "kvbench" metadata too) records the estimator's shape, architecture,
+    feature layout and gate means; ``window`` is the training window when recorded, else the longest window."""
+    est = GateSightEstimator([[0, 1], [0, 1, 2]], 3, 2, hidden=5, metadata={"fingerprint": "ab" * 32})
+    est.gate_means.copy_(torch.tensor([0.1, 0.3], dtype=torch.float64))
+    path = save_artifact(est, tmp_path / "a")
+    meta = json.loads((path / "gatesight.json").read_text())
+    assert (meta["window"], meta["windows"], meta["in_dims"]) == (3, [[0, 1], [0, 1, 2]], [15, 21])
+    assert (meta["n_kv_heads"], meta["n_value_heads"], meta["hidden"]) == (3, 2, 5)
+    assert (meta["activation"], meta["output"], meta["gate_means"]) == ("relu", "sigmoid", [0.1, 0.3])
+    # the layout of features.layer_features, age features in its order
+    assert meta["feature_order"] == (
+        f"per window GDN layer (ascending), per value head, (beta, g, |v|); then {', '.join(AGE_NAMES)} with "
+        "i = position + 1"
+    )
+    assert load_artifact(path).metadata == meta == est.metadata  # the saved estimator carries its artifact's json
+    assert load_artifact(path).gate_means.dtype == torch.float64
+    # the first attention layers have fewer GDN layers before them than the training window: the recorded one wins
+    est.metadata["window"] = 6
+    assert json.loads((save_artifact(est, tmp_path / "b") / "gatesight.json").read_text())["window"] == 6
+    # the weights file (whose digest rows record) depends on what the estimator holds, not on the order its
+    # metadata was assembled in
+    reordered = GateSightEstimator(est.windows, 3, 2, hidden=5, metadata=dict(reversed(est.metadata.items())))
+    reordered.load_state_dict(est.state_dict())
+    again = save_artifact(reordered, tmp_path / "c")
+    assert (again / WEIGHTS_FILE).read_bytes() == (tmp_path / "b" / WEIGHTS_FILE).read_bytes()
+
+
 def test_artifact_round_trip_and_method(tmp_path, monkeypatch):
     model, tok = tiny_model("qwen3_next"), byte_tokenizer()
     monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
@@ -367,11 +473,15 @@ def test_artifact_round_trip_and_method(tmp_path, monkeypatch):
     est = _artifact_for(model, tok)
     fp = est.fingerprint
     path = save_artifact(est, default_artifact_dir(fp))
+    # the documented place, the layout the shipped artifacts mirror under kvbench/builtin/calibration/
+    assert default_artifact_dir(fp) == tmp_path / "cache" / "calibration" / "gatesight" / fp[:16]
     assert (path / "estimator.safetensors").is_file()
     assert json.loads((path / "gatesight.json").read_text())["window"] == 6
     back = load_artifact(path, fp)
     for a, b in zip(est.state_dict().values(), back.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+    weights_only = load_artifact(path / WEIGHTS_FILE, fp)  # the weights file itself is read as well
+    assert weights_only.sha256 == back.sha256 and weights_only.metadata == back.metadata
     engine = TorchEngine(model, tok)
     parent = engine.prefill(list(range(40, 100)), prot=4)
     try:
@@ -379,6 +489,10 @@ def test_artifact_round_trip_and_method(tmp_path, monkeypatch):
         assert method.default_allocation == "gate"
         scores = method.score(parent)  # found by fingerprint under $KVBENCH_CACHE
         assert [tuple(s.shape) for s in scores] == [(2, 60)] * 3
+        assert method.resolve_artifact(parent) == path
+        digest = hashlib.sha256((path / WEIGHTS_FILE).read_bytes()).hexdigest()
+        assert method.artifact_sha256(fp) == digest == back.sha256
+        assert type(method)(fingerprint=fp).artifact_sha256(None) == digest  # its own fingerprint finds it too
         s = parent.signals()
         ref = back.score_signals(s.beta, s.g, s.vnorm, parent.n)
         assert all(torch.allclose(a, b) for a, b in zip(scores, ref, strict=True))
@@ -405,7 +519,12 @@ def test_artifact_errors(tmp_path, monkeypatch):
         other = _artifact_for(model, tok, fingerprint="0" * 64)
         save_artifact(other, tmp_path / "other")
         monkeypatch.setenv(ARTIFACT_ENV, str(tmp_path / "other"))
-        with pytest.raises(KvbenchError, match="fingerprint 0000000000000000"):
+        foreign = (
+            f"the GateSight artifact at {tmp_path / 'other'} was made for model fingerprint 0000000000000000…, but "
+            f"this model has fingerprint {fingerprint(model, tok)[:16]}…; make one for this model with "
+            f"`{PRODUCE_COMMAND}`"
+        )
+        with pytest.raises(KvbenchError, match=f"^{re.escape(foreign)}$"):
             get_method("gatesight").score(parent)  # another model's artifact
         wrong_heads = _artifact_for(model, tok, n_kv_heads=4)
         save_artifact(wrong_heads, tmp_path / "heads")
@@ -419,8 +538,19 @@ def test_artifact_errors(tmp_path, monkeypatch):
             get_method("gatesight", seed=0).__class__(artifact=tmp_path / "layers").gate_means(parent)
         (tmp_path / "junk").mkdir()
         (tmp_path / "junk" / "estimator.safetensors").write_bytes(b"not a safetensors file")
-        with pytest.raises(KvbenchError, match="not a readable GateSight artifact"):
+        junk = re.escape(f"{tmp_path / 'junk' / WEIGHTS_FILE} is not a readable GateSight artifact (")
+        with pytest.raises(KvbenchError, match=f"^{junk}.*{re.escape(f'); recreate it with `{PRODUCE_COMMAND}`')}$"):
             load_artifact(tmp_path / "junk")
+        # a weights file without a tensor its json promises
+        bad = save_artifact(_artifact_for(model, tok), tmp_path / "bad") / WEIGHTS_FILE
+        with safe_open(str(bad), framework="pt") as fh:
+            header = fh.metadata()
+        tensors = load_file(str(bad))
+        del tensors["layer2.b2"]
+        save_file(tensors, str(bad), metadata=header)
+        inconsistent = f"{bad} is inconsistent (KeyError: 'layer2.b2'); recreate it with `{PRODUCE_COMMAND}`"
+        with pytest.raises(KvbenchError, match=f"^{re.escape(inconsistent)}$"):
+            load_artifact(tmp_path / "bad")
     finally:
         parent.release()
     # the Qwen3.5 tiny model has another fingerprint: the Qwen3-Next artifact is refused
@@ -430,5 +560,62 @@ def test_artifact_errors(tmp_path, monkeypatch):
         monkeypatch.setenv(ARTIFACT_ENV, str(tmp_path / "heads"))
         with pytest.raises(KvbenchError, match="made for model fingerprint"):
             get_method("gatesight").score(parent)
+    finally:
+        parent.release()
+
+
+def test_method_names_every_way_an_artifact_does_not_fit(tmp_path, monkeypatch):
+    """One error naming the artifact's path lists each mismatch with the model's value; an artifact that records
+    no layer ids is checked on its shapes alone."""
+    model, tok = tiny_model("qwen3_next"), byte_tokenizer()
+    monkeypatch.delenv(ARTIFACT_ENV, raising=False)
+    fits = window_ordinals(TINY_ATTN, TINY_GDN, 6)
+    cases = {
+        "layers": (
+            _artifact_for(model, tok, windows=fits[:2], attn_layer_ids=[3, 7]),
+            "2 attention layers (model: 3); attention layers [3, 7] (model: [3, 7, 11])",
+        ),
+        "gdn": (  # one more GDN layer after the last attention layer
+            _artifact_for(model, tok, gdn_layer_ids=[*TINY_GDN, 12]),
+            "GDN layers [0, 1, 2, 4, 5, 6, 8, 9, 10, 12] (model: [0, 1, 2, 4, 5, 6, 8, 9, 10])",
+        ),
+        "value-heads": (_artifact_for(model, tok, n_value_heads=2), "2 GDN value heads (model: 4)"),
+        "windows": (  # GDN ordinal 9 of a model with 9 GDN layers
+            _artifact_for(model, tok, windows=[*fits[:2], [4, 5, 6, 7, 8, 9]]),
+            "windows reading GDN layers the model does not have",
+        ),
+    }
+    parent = TorchEngine(model, tok).prefill(list(range(40, 80)), prot=2)
+    try:
+        for name, (est, problems) in cases.items():
+            path = save_artifact(est, tmp_path / name)
+            expected = (
+                f"the GateSight artifact at {path} does not fit this model: it has {problems}; train one for this "
+                f"model with `{PRODUCE_COMMAND}`"
+            )
+            with pytest.raises(KvbenchError, match=f"^{re.escape(expected)}$"):
+                GateSight(artifact=path).load(parent)
+        unrecorded = _artifact_for(model, tok)
+        del unrecorded.metadata["attn_layer_ids"], unrecorded.metadata["gdn_layer_ids"]
+        method = GateSight(artifact=save_artifact(unrecorded, tmp_path / "unrecorded"))
+        assert [tuple(s.shape) for s in method.score(parent)] == [(2, 40)] * 3
+    finally:
+        parent.release()
+
+
+def test_method_scores_the_smallest_hybrid(tmp_path):
+    """One GDN layer, then one attention layer reading it: one layer of scores, the artifact's."""
+    tok = byte_tokenizer()
+    config = tiny_qwen3_next_config(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    model = build_random(config)
+    est = _artifact_for(model, tok)
+    assert est.windows == [[0]]
+    path = save_artifact(est, tmp_path / "artifact")
+    parent = TorchEngine(model, tok).prefill(list(range(40, 70)), prot=2)
+    try:
+        scores = GateSight(artifact=path).score(parent)
+        s = parent.signals()
+        assert len(scores) == 1 and scores[0].shape == (2, 30)
+        assert torch.allclose(scores[0], est.score_signals(s.beta, s.g, s.vnorm)[0])
     finally:
         parent.release()

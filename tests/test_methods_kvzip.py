@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from kvbench.engines.attention import sdpa_with_lse
 from kvbench.engines.base import attention_logsumexp
 from kvbench.engines.torch_engine import TorchEngine
+from kvbench.errors import KvbenchError
 from kvbench.methods import get_method
 from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chunk_attention_max
 from kvbench.models import byte_tokenizer, load_model
@@ -89,6 +90,13 @@ def test_probes_follow_the_reference_prompts():
     assert probes[1][2] == tok(NEXT_PROMPT, add_special_tokens=False)["input_ids"] + ids[22:30] + tail + ids[30:50]
 
 
+def test_probes_need_the_engine_tokenizer():
+    """An engine without a tokenizer cannot build the reconstruction prompts: an error saying so, before any probe."""
+    parent = TorchEngine(tiny_model("qwen3_next")).prefill(list(range(40)), prot=4)
+    with pytest.raises(KvbenchError, match=r"^kvzip builds reconstruction prompts and needs the engine's tokenizer$"):
+        get_method("kvzip").score(parent)
+
+
 def _fixture_script():
     """scripts/kvzip_fixture.py as a module: its eager reference is what the shipped-model fixture holds."""
     path = Path(__file__).resolve().parents[1] / "scripts" / "kvzip_fixture.py"
@@ -135,6 +143,27 @@ def test_scores_are_the_same_when_the_engine_gives_no_lse():
     with_lse, without = method.score(parent), method.score(_NoLseParent(parent))
     for a, b in zip(with_lse, without, strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+class _ShiftedLseParent(_NoLseParent):
+    """A parent whose probe returns each row's log-sum-exp plus ln 2 (as if every softmax had twice the mass)."""
+
+    def probe(self, token_ids):
+        return [(q, k, lse + math.log(2)) for q, k, lse in self._parent.probe(token_ids)]
+
+
+def test_scores_take_the_lse_the_probe_returns():
+    """Where the engine's probe gives the log-sum-exp, the weights are exp(logit - that lse) (none is recomputed):
+    a log-sum-exp larger by ln 2 halves every score."""
+    engine = TorchEngine(tiny_model("qwen3_5"), byte_tokenizer())
+    parent = engine.prefill(torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(6)).tolist(), prot=4)
+    method = get_method("kvzip")
+    method.chunk_size = 30
+    assert all(len(layer) == 3 for layer in parent.probe([1, 2, 3]))  # the torch probe gives it
+    plain, shifted = method.score(parent), method.score(_ShiftedLseParent(parent))
+    for a, b in zip(plain, shifted, strict=True):
+        assert bool((a[:, 4:] > 0).all())
+        torch.testing.assert_close(b, a / 2, atol=1e-8, rtol=1e-5)
 
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kvzip_scores_tiny_trained.pt"

@@ -75,6 +75,27 @@ def test_snapkv_keep_window_variant():
         assert bool((g[:, start:].min(dim=1).values > g[:, :start].max(dim=1).values).all())
 
 
+def test_snapkv_keep_window_when_the_window_is_the_whole_context():
+    # n <= window: nothing is scored outside the window, so every position is a window key with the same score
+    parent = fake_parent(20, seed=4)
+    method = SnapKV()
+    method.keep_window = True
+    for g in method.score(parent):
+        assert g.shape == (parent.n_kv_heads, 20)
+        assert bool((g == g[:, :1]).all())
+
+
+def test_snapkv_keep_window_with_one_key_before_the_window():
+    # n = window + 1: one key outside the window; the window keys still rank above it
+    parent = fake_parent(33, seed=5)
+    method = SnapKV()
+    method.keep_window = True
+    want = brute_force(parent, keep_window=True)
+    for g, w in zip(method.score(parent), want, strict=True):
+        torch.testing.assert_close(g[:, :1].double(), w, rtol=1e-5, atol=1e-6)
+        assert bool((g[:, 1:].min(dim=1).values > g[:, 0]).all())
+
+
 def test_snapkv_attended_key_wins_and_pools_to_neighbours():
     """A key aligned with every window query takes (and spreads by pooling) the top score."""
     n, D = 60, 8

@@ -14,12 +14,15 @@ from kvbench.methods import get_method
 from kvbench.methods.triattention import (
     TriAttention,
     TriAttentionStats,
+    band_index,
     calibrate,
     default_stats_path,
     geometric_offsets,
     load_stats,
     trig_scores,
+    zscore,
 )
+from kvbench.models import byte_tokenizer
 from tests.conftest import tiny_model
 from tests.fakes import FakeParent
 
@@ -78,10 +81,82 @@ def random_stats(L, H, D, R, seed=0, fingerprint="f" * 64) -> TriAttentionStats:
     return TriAttentionStats(q_re, q_im, q_abs, omega, meta)
 
 
+class _Config:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def get_text_config(self):
+        return self
+
+
+class FakeRotaryEmbedding(torch.nn.Module):
+    def __init__(self, inv_freq):
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq)
+
+
+def _model(config, *modules):
+    model = torch.nn.Sequential(*modules)
+    model.config = config
+    return model
+
+
+def test_rope_layout_reads_rope_parameters_or_the_config_and_the_applied_frequencies():
+    from kvbench.methods.triattention import rope_layout
+
+    want = torch.tensor([1.0, 0.1], dtype=torch.float64)  # theta 100, rotary_dim 4: 100 ** -(0/4, 2/4)
+    info = {"rope_theta": 100.0, "partial_rotary_factor": 0.5, "rope_type": "default"}
+    for config in (
+        _Config(rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5}),
+        _Config(rope_parameters={"rope_theta": 100.0}, partial_rotary_factor=0.5),  # no rope_type: the default
+        _Config(rope_theta=100.0, partial_rotary_factor=0.5),  # no rope_parameters: the config's own fields
+    ):
+        R, inv_freq, got_info = rope_layout(_model(config), 8)
+        assert (R, got_info) == (4, info)
+        torch.testing.assert_close(inv_freq, want)
+    R, inv_freq, got_info = rope_layout(_model(_Config(rope_theta=100.0)), 8)  # no factor: every dim rotates
+    assert R == 8 and got_info["partial_rotary_factor"] == 1.0 and inv_freq.shape == (4,)
+    # the frequencies the model applies (e.g. bf16-rounded) win over the config's, within 1 %; a buffer of a module
+    # that is not a rotary embedding is not read
+    decoy = torch.nn.Module()
+    decoy.inv_freq = torch.tensor([5.0, 5.0])
+    applied = torch.tensor([1.0, 0.1004])
+    config = _Config(rope_theta=100.0, partial_rotary_factor=0.5)
+    R, inv_freq, _ = rope_layout(_model(config, decoy, FakeRotaryEmbedding(applied)), 8)
+    assert torch.equal(inv_freq, applied.double())
+    for params, rope_type in (({"rope_type": "yarn", "rope_theta": 100.0}, "'yarn'"), ({"type": "linear"}, "'linear'")):
+        message = f"^TriAttention supports the default RoPE only; this model uses rope_type {rope_type}$"
+        with pytest.raises(KvbenchError, match=message):
+            rope_layout(_model(_Config(rope_parameters=params)), 8)
+    with pytest.raises(KvbenchError, match=r"^the model config has no rope_theta; TriAttention cannot place its "):
+        rope_layout(_model(_Config(rope_parameters={"rope_type": "default"})), 8)
+
+
+def test_band_index_by_hand():
+    assert [i.tolist() for i in band_index(8, 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]  # 2 rotated + 2 pass-through bands
+    assert [i.tolist() for i in band_index(8, 8)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # all rotated
+    assert [i.tolist() for i in band_index(8, 0)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # none rotated
+    for head_dim, rotary_dim in ((8, 3), (7, 4), (8, 10)):  # odd rotary, odd pass-through, rotary > head_dim
+        with pytest.raises(KvbenchError, match=rf"^cannot split head_dim {head_dim} into rotary dim {rotary_dim} and"):
+            band_index(head_dim, rotary_dim)
+
+
+def test_calibration_texts_need_a_tokenizer():
+    with pytest.raises(KvbenchError, match=r"^calibration texts need a tokenizer$"):
+        calibrate(tiny_model("qwen3_next"), None, ["some text"])
+
+
+def test_geometric_offsets_edges():
+    assert geometric_offsets(1) == (1,) and geometric_offsets(5) == (1, 2, 4)
+    with pytest.raises(ValueError, match=r"^max_offset must be >= 1$"):
+        geometric_offsets(0)
+
+
 @pytest.mark.parametrize("aggregation", ["mean", "max"])
 @pytest.mark.parametrize("round_start", [25, 3000])
-def test_trig_scores_match_direct_sum(aggregation, round_start):
-    H, H_kv, D, R, n = 4, 2, 12, 4, 25  # 2 rotated bands, 4 zero-frequency bands
+@pytest.mark.parametrize("H", [4, 6])  # groups of 2 and of 3 query heads per KV head
+def test_trig_scores_match_direct_sum(aggregation, round_start, H):
+    H_kv, D, R, n = 2, 12, 4, 25  # 2 rotated bands, 4 zero-frequency bands
     stats = random_stats(1, H, D, R)
     keys = torch.randn(H_kv, n, D, generator=torch.Generator().manual_seed(1))
     offsets = geometric_offsets(65536)
@@ -161,6 +236,57 @@ def test_zero_freq_bands_option_through_get_method(tmp_path):
     assert TriAttention.zero_freq_bands is True  # the default stays the paper's setting
 
 
+def test_instance_settings_reach_the_trig_scores():
+    # aggregation, offsets and mlr set on an instance are what head_scores passes on (not trig_scores' defaults)
+    L, H, H_kv, D, R, n = 1, 2, 1, 12, 4, 20
+    stats = random_stats(L, H, D, R, seed=12)
+    keys = [torch.randn(H_kv, n, D, generator=torch.Generator().manual_seed(13))]
+    parent = FakeParent(keys, n_heads=H)
+    method = TriAttention(stats=stats)
+    method.aggregation, method.offsets, method.mlr = "max", (1, 8), False
+    got = method.head_scores(parent, stats, 0)
+    args = (keys[0], stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0], stats.omega, R)
+    want = trig_scores(*args, round_start=n, offsets=(1, 8), aggregation="max", mlr=False)
+    torch.testing.assert_close(got, want)
+    for changed in ({"aggregation": "mean"}, {"offsets": geometric_offsets()}, {"mlr": True}):
+        other = trig_scores(*args, round_start=n, **{"offsets": (1, 8), "aggregation": "max", "mlr": False, **changed})
+        assert float((other - got).abs().max()) > 1e-3, changed  # each setting matters on these inputs
+
+
+def test_trig_scores_refuses_an_unknown_aggregation():
+    stats = random_stats(1, 1, 12, 4)
+    with pytest.raises(ValueError, match=r"^aggregation must be 'mean' or 'max', got 'median'$"):
+        trig_scores(torch.randn(1, 3, 12), stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0], stats.omega, 4,
+                    round_start=3, aggregation="median")  # fmt: skip
+
+
+def test_zscore_uses_the_body_unless_fewer_than_two_entries():
+    scores = torch.tensor([[9.0, 1.0, 3.0], [0.0, 2.0, 6.0]])
+    body = scores[:, 1:]  # two body entries: standardised by the body's mean and population std
+    want = (scores - body.mean(1, keepdim=True)) / body.std(1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(zscore(scores, 1), want)
+    whole = (scores - scores.mean(1, keepdim=True)) / scores.std(1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(zscore(scores, 2), whole)  # one body entry: the whole row
+    torch.testing.assert_close(zscore(scores, 3), whole)  # none
+
+
+def test_seed_default_and_shape_and_fingerprint_errors_name_the_statistics(tmp_path):
+    assert TriAttention().seed == 0 and TriAttention(seed=4).seed == 4
+    L, H, D, R = 2, 4, 12, 4
+    parent = FakeParent([torch.randn(2, 10, D)] * L, n_heads=H)
+    wrong = random_stats(L, 2, D, R)  # 2 heads, the model 4
+    with pytest.raises(KvbenchError, match=r"^TriAttention statistics \(in memory\) have \[layers, heads, bands\] "
+                       r"\[2, 2, 6\] and head_dim 12, the model \[2, 4, 6\] and 12; recalibrate with `kvbench"):
+        TriAttention(stats=wrong).score(parent)
+    path = wrong.save_stats(tmp_path / "wrong.safetensors")
+    with pytest.raises(KvbenchError, match=r"^TriAttention statistics .*wrong\.safetensors have \[layers"):
+        TriAttention(stats_path=path).score(parent)
+    other = random_stats(L, H, D, R, fingerprint="b" * 64)
+    with pytest.raises(KvbenchError, match=r"^the TriAttention statistics given in memory was made for model "
+                       r"fingerprint bbbbbbbbbbbbbbbb…"):
+        TriAttention(stats=other, fingerprint="c" * 64).load()
+
+
 def test_method_zscores_and_takes_group_max(tmp_path):
     L, H, H_kv, D, R, n, prot = 2, 4, 2, 12, 4, 30, 3
     stats = random_stats(L, H, D, R, seed=5)
@@ -191,6 +317,8 @@ def test_artifact_errors(tmp_path, monkeypatch):
         TriAttention(fingerprint="a" * 64).score(parent)  # no artifact at the default path
     with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
         TriAttention().score(parent)  # nothing to locate it with
+    with pytest.raises(KvbenchError, match=r"^TriAttention cannot locate its calibration statistics: `stats_path`"):
+        TriAttention().score(parent)
     stats = random_stats(1, 4, 12, 4, fingerprint="b" * 64)
     stats.save_stats(default_stats_path("b" * 64))
     assert default_stats_path("b" * 64) == tmp_path / "calibration" / "triattention" / ("b" * 16 + ".safetensors")
@@ -201,6 +329,40 @@ def test_artifact_errors(tmp_path, monkeypatch):
     bad.write_bytes(b"not a safetensors file")
     with pytest.raises(KvbenchError, match="kvbench calibrate triattention"):
         load_stats(bad, None)
+
+
+def test_prepare_offline_passes_the_seed_and_calibrates_in_memory(tmp_path):
+    model, tok = tiny_model("qwen3_next"), byte_tokenizer()
+    method = TriAttention.prepare_offline(model, tok, tmp_path, seed=5)
+    assert method.seed == 5 and TriAttention.prepare_offline(model, tok, tmp_path).seed == 0
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_load_stats_errors_name_the_artifact_and_the_digest_is_the_files(tmp_path):
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from kvbench.artifacts import META_KEY
+
+    path = random_stats(1, 2, 8, 4, fingerprint="c" * 64).save_stats(tmp_path / "s.safetensors")
+    stats = load_stats(path, "c" * 64)
+    assert stats.file_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(KvbenchError, match=r"^no TriAttention calibration statistics at "):
+        load_stats(tmp_path / "absent.safetensors", None)
+    with pytest.raises(KvbenchError, match=r"^the TriAttention calibration statistics at .*s\.safetensors was made"):
+        load_stats(path, "d" * 64)
+    meta = {"format": json.loads(path.with_suffix(".json").read_text())["format"]}  # no fingerprint at all
+    bare = tmp_path / "bare.safetensors"
+    tensors = {n: getattr(stats, n) for n in ("q_mean_re", "q_mean_im", "q_abs_mean", "omega")}
+    save_file(tensors, bare, metadata={META_KEY: json.dumps(meta)})
+    with pytest.raises(KvbenchError, match="made for model fingerprint …, but this model"):
+        load_stats(bare, "c" * 64)
+    odd = tmp_path / "odd.safetensors"
+    save_file({"omega": stats.omega}, odd, metadata={META_KEY: json.dumps({**meta, "fingerprint": "c" * 64})})
+    expected = r"\['q_mean_re', 'q_mean_im', 'q_abs_mean', 'omega'\]"
+    with pytest.raises(KvbenchError, match=rf"holds tensors \['omega'\], expected {expected}; recreate it with"):
+        load_stats(odd, None)
 
 
 def _queries_unrotated_by_hf(model, engine, ids):

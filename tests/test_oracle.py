@@ -27,6 +27,7 @@ from kvbench.methods import (
     method_class,
     register_method,
 )
+from kvbench.methods.kv_utility import recompute_attention
 from kvbench.methods.oracle import Oracle, probe_with_values
 from kvbench.models import load_model
 from kvbench.prompt import prompt_length, render
@@ -123,6 +124,19 @@ def test_oracle_scores_equal_brute_force_deletion_on_random_models(family, one_t
         assert check_against_deletion(engine, parent, scores, forced, 3, gen) < 1e-4
     finally:
         parent.release()
+
+
+def test_recompute_attention_by_hand_and_too_few_keys():
+    """The last T rows over N keys, causally: N == T (a square block) is the plain causal softmax, worked by hand
+    (one head, D = 1, scaling 1); fewer keys than rows is an error."""
+    q = torch.tensor([[[1.0], [2.0]]])  # [H=1, T=2, D=1]
+    k, v = torch.tensor([[[1.0], [0.0]]]), torch.tensor([[[3.0], [5.0]]])  # [H_kv=1, N=2, D=1]
+    a, o = recompute_attention(q, k, v, 1.0, dtype=torch.float64)
+    s = torch.sigmoid(torch.tensor(2.0, dtype=torch.float64)).item()  # row 1: logits (2, 0)
+    torch.testing.assert_close(a, torch.tensor([[[[1.0, 0.0], [s, 1 - s]]]], dtype=torch.float64))
+    torch.testing.assert_close(o, torch.tensor([[[[3.0], [3 * s + 5 * (1 - s)]]]], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^2 query rows but only 1 keys$"):
+        recompute_attention(q, k[:, :1], v[:, :1], 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +282,16 @@ def test_oracle_refuses_an_engine_without_the_model(tmp_path):
     class Foreign:
         engine = object()
 
-    with pytest.raises(KvbenchError, match="--engine torch"):
-        Oracle().score_question(Foreign(), QuestionInput((1, 2), 4))
+    class Engineless:  # a parent that names no engine at all
+        pass
+
+    message = (
+        r"^oracle reads each attention layer's output projection from the model, which only the torch engine "
+        r"exposes; run it with --engine torch$"
+    )
+    for parent in (Foreign(), Engineless()):
+        with pytest.raises(KvbenchError, match=message):
+            Oracle().score_question(parent, QuestionInput((1, 2), 4))
     config = RunConfig(methods=["full", "oracle"], bench="needle", ps=[0.5], out=tmp_path / "x", engine="vllm")
     with pytest.raises(KvbenchError, match="runs on the torch engine only"):
         validate(config)  # before any model loads

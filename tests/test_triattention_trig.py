@@ -141,11 +141,12 @@ def test_trig_option_through_get_method():
 
 
 def test_trig_and_mlr_both_off_is_refused():
-    with pytest.raises(KvbenchError, match="nothing to score"):
+    with pytest.raises(KvbenchError, match=r"^--set triattention\.trig=false .* nothing to score; keep one of them$"):
         get_method("triattention", options={"trig": "false", "mlr": "false"})
     keys = torch.randn(1, 3, D)
     stats = random_stats(1, 1, seed=5)
-    with pytest.raises(KvbenchError, match="nothing to score"):
+    message = "^TriAttention with neither the trigonometric nor the MLR term has nothing to score$"
+    with pytest.raises(KvbenchError, match=message):
         trig_scores(keys, stats.q_mean_re[0], stats.q_mean_im[0], stats.q_abs_mean[0], stats.omega, R, round_start=3,
                     trig=False, mlr=False)  # fmt: skip
 
