@@ -82,20 +82,20 @@ class SnapKV(EvictionMethod):
         n, H, H_kv = parent.n, parent.n_heads, parent.n_kv_heads
         W = min(self.query_window, n)
         start = n - W
+        if self.keep_window and start == 0:
+            # the window is the whole context: every entry is a kept window entry, all score alike
+            return [torch.ones(H_kv, n, device=parent.keys(f).device) for f in range(parent.n_attn_layers)]
         pad = self.kernel_size // 2
         out = []
         for f in range(parent.n_attn_layers):
             keys = parent.keys(f)
             attn = window_attention(parent.queries(f, range(start, n)), keys, start)  # [H, W, n]
             summed = attn.sum(dim=1)  # [H, n]
-            body = summed[:, :start] if self.keep_window else summed
-            if body.shape[1] > 0:
-                pooled = F.max_pool1d(body[:, None, :], kernel_size=self.kernel_size, stride=1, padding=pad)[:, 0]
-            else:  # keep_window and a context no longer than the window: nothing outside it to score
-                pooled = body
-            scores = pooled.view(H_kv, H // H_kv, -1).mean(dim=1)  # [H_kv, n or start]
-            if self.keep_window:
-                top = scores.amax(dim=1, keepdim=True) if start > 0 else scores.new_zeros(H_kv, 1)
+            body = summed[:, :start] if self.keep_window else summed  # [H, m], m >= 1
+            pooled = F.max_pool1d(body[:, None, :], kernel_size=self.kernel_size, stride=1, padding=pad)[:, 0]
+            scores = pooled.view(H_kv, H // H_kv, -1).mean(dim=1)  # [H_kv, m]
+            if self.keep_window:  # the window's W entries rank above every scored entry of their head
+                top = scores.amax(dim=1, keepdim=True)
                 scores = torch.cat([scores, (top + 1).expand(H_kv, W)], dim=1)
             out.append(scores)
         return out

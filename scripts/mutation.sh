@@ -41,9 +41,8 @@ MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"
 MUTATE[results]="kvbench/results*.py kvbench/rows.py"
 TESTS[results]="tests/test_results.py tests/test_results_upgrade.py tests/test_rows.py tests/test_store_cli.py"
-# (listed by name: mutmut matches fnmatch patterns, whose * also crosses "/")
-MUTATE[methods]="$(cd methods && printf 'kvbench/methods/%s ' ./*.py | sed 's#/\./#/#g')kvbench/methods/gatesight/features.py
-  kvbench/methods/gatesight/estimator.py kvbench/methods/gatesight/method.py"
+MUTATE[methods]="kvbench/methods/*.py kvbench/methods/gatesight/features.py kvbench/methods/gatesight/estimator.py
+  kvbench/methods/gatesight/method.py"
 TESTS[methods]="tests/test_methods_invariants.py tests/test_methods_keydiff.py tests/test_methods_kvzip.py
   tests/test_methods_options.py tests/test_methods_snapkv.py tests/test_methods_triattention.py tests/test_budgets.py
   tests/test_gatesight.py tests/test_oracle.py tests/test_triattention_trig.py
@@ -77,7 +76,14 @@ stage() {  # stage GROUP DIR: the copy mutmut runs in (kept between runs: mutmut
 import json, re, sys
 from pathlib import Path
 
-out, mutate, tests = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3].split()
+out, patterns, tests = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3].split()
+# each glob expanded here, file by file: mutmut matches only_mutate with fnmatch, whose * also crosses "/"
+# (kvbench/methods/*.py would take in methods/gatesight/*.py too)
+mutate = []
+for pattern in patterns:
+    found = sorted(str(f.relative_to(out.parent)) for f in out.parent.glob(pattern))
+    assert found, f"{pattern} matches no file in {out.parent}"
+    mutate += found
 text = Path("pyproject.toml").read_text(encoding="utf-8")
 section = re.search(r"^\[tool\.mutmut\]\n(?:(?!^\[).*\n?)*", text, re.M)
 assert section, "pyproject.toml has no [tool.mutmut] section"
@@ -94,9 +100,9 @@ for group in "${groups[@]}"; do
   dir="$OUT/$group"
   echo "== $group: ${MUTATE[$group]} (staged in $dir)"
   stage "$group" "$dir"
-  # tests changed since the last run here: recollect which tests cover what, and recheck the mutants that were
-  # not killed (mutmut keeps verdicts between runs; an interrupted run resumes where it stopped)
-  tests_sha=$(find tests -type f -name '*.py' -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-16)
+  # tests (or the group's test selection) changed since the last run here: recollect which tests cover what, and
+  # recheck the mutants that were not killed (mutmut keeps verdicts between runs; an interrupted run resumes)
+  tests_sha=$( (echo "${TESTS[$group]}"; find tests -type f -name '*.py' -print0 | sort -z | xargs -0 cat) | sha256sum | cut -c1-16)
   recheck=0
   if [ -f "$dir/tests.sha" ] && [ "$(cat "$dir/tests.sha")" != "$tests_sha" ]; then
     rm -f "$dir/mutants/mutmut-stats.json"

@@ -132,6 +132,38 @@ def test_rope_layout_reads_rope_parameters_or_the_config_and_the_applied_frequen
         rope_layout(_model(_Config(rope_parameters={"rope_type": "default"})), 8)
 
 
+def test_rope_layout_refuses_applied_frequencies_it_cannot_use():
+    """A rotary embedding whose inv_freq disagrees with the config (shape, or values beyond 1 %), or that scales
+    attention, is refused by name; within 1 % it is accepted (the config's frequencies here: [1.0, 0.1])."""
+    from kvbench.methods.triattention import rope_layout
+
+    config = _Config(rope_theta=100.0, partial_rotary_factor=0.5)
+    mismatch = (
+        r"^FakeRotaryEmbedding\.inv_freq does not match rope_theta=100\.0, partial_rotary_factor=0\.5, head_dim=8; "
+        r"TriAttention cannot place its frequency bands$"
+    )
+    for applied in (
+        torch.tensor([1.0, 0.1, 0.01]),  # one band too many
+        torch.tensor([1.0, 0.103]),  # 3 % off
+        torch.tensor([1.0, 0.5]),  # 5x off
+        torch.tensor([2.5, 0.1]),  # off by more than the value itself
+    ):
+        with pytest.raises(KvbenchError, match=mismatch):
+            rope_layout(_model(config, FakeRotaryEmbedding(applied)), 8)
+    # the 1 % is relative only: at theta 1e14 the second band's frequency is 1e-7, and 5e-9 off is refused
+    tiny_band = FakeRotaryEmbedding(torch.tensor([1.0, 1.05e-7]))
+    with pytest.raises(KvbenchError, match=r"^FakeRotaryEmbedding\.inv_freq does not match rope_theta=1"):
+        rope_layout(_model(_Config(rope_theta=1e14, partial_rotary_factor=0.5), tiny_band), 8)
+    _, inv_freq, _ = rope_layout(_model(config, FakeRotaryEmbedding(torch.tensor([1.0, 0.1009]))), 8)  # 0.9 % off
+    assert torch.equal(inv_freq, torch.tensor([1.0, 0.1009]).double())
+    scaled = FakeRotaryEmbedding(torch.tensor([1.0, 0.1]))
+    scaled.attention_scaling = 2.0
+    with pytest.raises(KvbenchError, match=r"^TriAttention supports RoPE attention scaling 1 only, got 2\.0$"):
+        rope_layout(_model(config, scaled), 8)
+    scaled.attention_scaling = 1.0
+    assert rope_layout(_model(config, scaled), 8)[0] == 4
+
+
 def test_band_index_by_hand():
     assert [i.tolist() for i in band_index(8, 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]  # 2 rotated + 2 pass-through bands
     assert [i.tolist() for i in band_index(8, 8)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # all rotated
@@ -275,15 +307,21 @@ def test_seed_default_and_shape_and_fingerprint_errors_name_the_statistics(tmp_p
     L, H, D, R = 2, 4, 12, 4
     parent = FakeParent([torch.randn(2, 10, D)] * L, n_heads=H)
     wrong = random_stats(L, 2, D, R)  # 2 heads, the model 4
-    with pytest.raises(KvbenchError, match=r"^TriAttention statistics \(in memory\) have \[layers, heads, bands\] "
-                       r"\[2, 2, 6\] and head_dim 12, the model \[2, 4, 6\] and 12; recalibrate with `kvbench"):
+    with pytest.raises(
+        KvbenchError,
+        match=r"^TriAttention statistics \(in memory\) have \[layers, heads, bands\] "
+        r"\[2, 2, 6\] and head_dim 12, the model \[2, 4, 6\] and 12; recalibrate with `kvbench",
+    ):
         TriAttention(stats=wrong).score(parent)
     path = wrong.save_stats(tmp_path / "wrong.safetensors")
     with pytest.raises(KvbenchError, match=r"^TriAttention statistics .*wrong\.safetensors have \[layers"):
         TriAttention(stats_path=path).score(parent)
     other = random_stats(L, H, D, R, fingerprint="b" * 64)
-    with pytest.raises(KvbenchError, match=r"^the TriAttention statistics given in memory was made for model "
-                       r"fingerprint bbbbbbbbbbbbbbbb…"):
+    with pytest.raises(
+        KvbenchError,
+        match=r"^the TriAttention statistics given in memory was made for model "
+        r"fingerprint bbbbbbbbbbbbbbbb…",
+    ):
         TriAttention(stats=other, fingerprint="c" * 64).load()
 
 
