@@ -41,6 +41,15 @@ class Upgrade:
         return bool(self.upgraded or self.left_out)
 
 
+def _dumps_finite(row: dict) -> str | None:
+    """``row`` as the results store writes it (:meth:`ResultsStore.append`), or None when it holds NaN or
+    Infinity (which the store refuses, and which an older kvbench may have written)."""
+    try:
+        return json.dumps(row, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return None
+
+
 def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool], taken: set[tuple]) -> tuple:
     """``(Upgrade, new file bytes)`` for one results file's bytes. ``taken``: the keys of the directory's current
     rows and of the rows upgraded so far (updated). ``data`` has passed :func:`scan_results`, so only its last line
@@ -69,10 +78,12 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
                 )
             elif (key := row_key(row := {**row, **dict.fromkeys(missing)})) in taken:
                 reason = "a duplicate of a row already in the directory"
+            elif (text := _dumps_finite(row)) is None:  # readers accept NaN; today's writer refuses it
+                reason = "the row holds NaN or Infinity, which the results store does not write"
             else:
                 taken.add(key)
                 report.upgraded += 1
-                out.append(json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n")
+                out.append(text.encode("utf-8") + b"\n")
                 continue
         report.left_out[reason] = report.left_out.get(reason, 0) + 1
     return report, b"".join(out)
@@ -85,7 +96,8 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
     A legacy row that lacks only ``artifact_sha256`` and whose method ``artifact_free(name)`` declares no
     calibration artifact gets ``"artifact_sha256": null`` (exactly what today's code records for it). Every other
     legacy row (a method with an artifact, or one that cannot be looked up: the row cannot say which file it was
-    scored with; or an older row lacking more of the key), a duplicate and an incomplete last line are removed
+    scored with; an older row lacking more of the key; one holding NaN or Infinity, which today's store does not
+    write), a duplicate and an incomplete last line are removed
     from the file. Nothing is lost: each changed file's original bytes are first saved, fsynced, beside it as
     ``<file>.pre-upgrade-<ns>`` (a name readers and writers ignore), then the file is replaced atomically. Every
     results file is locked like a writer's for the whole upgrade, so a running ``kvbench run`` makes it refuse

@@ -7,7 +7,8 @@
 # Groups (modules mutated <- the tests that may kill them):
 #   budgets   kvbench/budgets.py                      <- test_budgets, test_methods_invariants
 #   scorers   scorers/*.py                            <- test_scorers, test_scbench_scorers, test_scbench_official_scorers
-#   results   kvbench/results*.py, kvbench/rows.py    <- test_results, test_results_upgrade, test_rows, test_store_cli
+#   results   kvbench/results*.py, kvbench/rows.py    <- test_results, test_results_edges, test_results_upgrade,
+#                                                        test_rows, test_store_cli
 #   methods   methods/*.py, gatesight/{features,      <- test_methods_*, test_budgets, test_gatesight, test_oracle
 #             estimator,method}.py: what runs when a      (not its two CLI runs), test_triattention_trig
 #             method scores (GateSight's offline label / train / evaluate pipeline is left out: its output is
@@ -40,7 +41,8 @@ TESTS[budgets]="tests/test_budgets.py tests/test_methods_invariants.py"
 MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"
 MUTATE[results]="kvbench/results*.py kvbench/rows.py"
-TESTS[results]="tests/test_results.py tests/test_results_upgrade.py tests/test_rows.py tests/test_store_cli.py"
+TESTS[results]="tests/test_results.py tests/test_results_edges.py tests/test_results_upgrade.py tests/test_rows.py
+  tests/test_store_cli.py"
 MUTATE[methods]="kvbench/methods/*.py kvbench/methods/gatesight/features.py kvbench/methods/gatesight/estimator.py
   kvbench/methods/gatesight/method.py"
 TESTS[methods]="tests/test_methods_invariants.py tests/test_methods_keydiff.py tests/test_methods_kvzip.py

@@ -129,3 +129,17 @@ def test_cli_reports_each_file(old_dir):
     assert "all current; nothing to do" in result.output
     result = CliRunner().invoke(app, ["upgrade", str(tmp_path)])
     assert result.exit_code == 0 and "upgraded 2" in result.output and "original saved as" in result.output
+
+
+def test_an_old_row_holding_nan_is_left_out_with_its_reason(tmp_path):
+    """An older kvbench may have stored NaN (readers accept it); the store refuses to write it, so the upgrade
+    leaves such a row out, says why, and upgrades the others (it used to crash with a bare ValueError)."""
+    nan_row = old(make_row(1, score=float("nan")))
+    inf_row = old(make_row(2, score=float("inf")))
+    fine = old(make_row(3))
+    (tmp_path / "results.jsonl").write_bytes(b"".join(line(r) for r in (nan_row, inf_row, fine)))
+    for dry_run in (True, False):
+        (report,) = upgrade_results(tmp_path, declares_no_artifact, dry_run=dry_run)
+        assert report.upgraded == 1
+        assert report.left_out == {"the row holds NaN or Infinity, which the results store does not write": 2}
+    assert [r["item"] for r in read_results(tmp_path).rows] == [fine["item"]]
