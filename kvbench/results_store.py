@@ -137,12 +137,12 @@ class ResultsStore:
             except OSError as e:
                 raise write_error(self.path, e, len(self._rows)) from None
         self._wrote = True
-        scan, self._repair = self._repair, None
-        try:
-            if scan is not None:
-                self.recovered = repair_tail(self._fd, self.path, scan, len(self._rows))
-        except OSError as e:
-            raise write_error(self.path, e, len(self._rows)) from None
+        if self._repair is not None:  # cleared only once done: a failed repair is retried by the next append
+            try:
+                self.recovered = repair_tail(self._fd, self.path, self._repair, len(self._rows))
+            except OSError as e:
+                raise write_error(self.path, e, len(self._rows)) from None
+            self._repair = None
         self._begun = True
         deferred, self._deferred = self._deferred, []
         for update in deferred:

@@ -491,7 +491,14 @@ def test_a_repair_that_cannot_save_the_partial_line_names_the_file(tmp_path, mon
     with ResultsStore(tmp_path) as store:
         with pytest.raises(ResultsError, match=_write_message(path, "Is a directory", 2)):
             store.append(make_row(2))
-    assert path.read_bytes() == data
+        assert path.read_bytes() == data
+        # a caller that catches the error and appends again once the name is free gets the repair first, not its
+        # row glued to the partial bytes (which readers would skip as an incomplete line)
+        (tmp_path / f"results.jsonl.partial-{os.getpid()}-5").rmdir()
+        store.append(make_row(2))
+    assert path.read_bytes() == line(make_row(0)) + line(make_row(1)) + line(make_row(2))
+    assert (tmp_path / f"results.jsonl.partial-{os.getpid()}-5").read_bytes() == b'{"model": "m", "eng'
+    assert [r["item"] for r in read_results(tmp_path).rows] == [0, 1, 2]
 
 
 def test_rows_are_stored_as_utf8_text(tmp_path):
