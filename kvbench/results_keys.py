@@ -106,6 +106,13 @@ def loads_row(line: bytes) -> Any:
         return json.loads(line)
 
 
+def dumps_row_line(row: Mapping[str, Any]) -> bytes:
+    """One results line as every writer stores a row: UTF-8 JSON (non-ASCII kept as is) and its newline.
+    ValueError for NaN or Infinity (strict JSON, which :func:`loads_row`'s fast decoder reads), TypeError for a
+    value JSON has no form for."""
+    return (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
 def parse_keyed(line: bytes, decode: Callable[[bytes], Any] = loads_row) -> tuple[dict, tuple] | None:
     """``(row, row_key(row))`` for a complete, valid row on one line, ``(row, LEGACY)`` for a legacy row, None
     for anything else. One key computation and one legacy check per row: readers parse millions. ``decode``:

@@ -16,6 +16,7 @@ from kvbench.results_keys import (
     RESULTS_NAME,
     ROW_KEY,
     ResultsError,
+    dumps_row_line,
     legacy_error,
     results_name,
     row_key,
@@ -185,7 +186,7 @@ class ResultsStore:
             raise ResultsError(f"row {key} is already in {self.dir}; skip done rows with is_done()")
         row = {**row, "p": key[ROW_KEY.index("p")]}
         try:
-            buf = (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+            buf = dumps_row_line(row)
         except (TypeError, ValueError) as e:
             raise ResultsError(
                 f"row {key} cannot be stored as JSON ({e}); results must be finite numbers, strings, "

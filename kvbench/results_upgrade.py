@@ -4,7 +4,6 @@ today's row identity, each changed file's original bytes saved beside it first.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from kvbench.results_keys import (
     RESULTS_NAME,
     UPGRADE_TO_NULL_FIELDS,
     ResultsError,
+    dumps_row_line,
     parse_keyed,
     row_key,
 )
@@ -41,11 +41,11 @@ class Upgrade:
         return bool(self.upgraded or self.left_out)
 
 
-def _dumps_finite(row: dict) -> str | None:
-    """``row`` as the results store writes it (:meth:`ResultsStore.append`), or None when it holds NaN or
-    Infinity (which the store refuses, and which an older kvbench may have written)."""
+def _row_line(row: dict) -> bytes | None:
+    """``row``'s line as the results store writes it, or None when it holds NaN or Infinity (which the store
+    refuses, and which an older kvbench may have written)."""
     try:
-        return json.dumps(row, ensure_ascii=False, allow_nan=False)
+        return dumps_row_line(row)
     except ValueError:
         return None
 
@@ -78,12 +78,12 @@ def _upgrade_lines(data: bytes, path: Path, artifact_free: Callable[[str], bool]
                 )
             elif (key := row_key(row := {**row, **dict.fromkeys(missing)})) in taken:
                 reason = "a duplicate of a row already in the directory"
-            elif (text := _dumps_finite(row)) is None:  # readers accept NaN; today's writer refuses it
+            elif (row_line := _row_line(row)) is None:  # readers accept NaN; today's writer refuses it
                 reason = "the row holds NaN or Infinity, which the results store does not write"
             else:
                 taken.add(key)
                 report.upgraded += 1
-                out.append(text.encode("utf-8") + b"\n")
+                out.append(row_line)
                 continue
         report.left_out[reason] = report.left_out.get(reason, 0) + 1
     return report, b"".join(out)
@@ -97,11 +97,11 @@ def upgrade_results(out_dir: Path | str, artifact_free: Callable[[str], bool], *
     calibration artifact gets ``"artifact_sha256": null`` (exactly what today's code records for it). Every other
     legacy row (a method with an artifact, or one that cannot be looked up: the row cannot say which file it was
     scored with; an older row lacking more of the key; one holding NaN or Infinity, which today's store does not
-    write), a duplicate and an incomplete last line are removed
-    from the file. Nothing is lost: each changed file's original bytes are first saved, fsynced, beside it as
-    ``<file>.pre-upgrade-<ns>`` (a name readers and writers ignore), then the file is replaced atomically. Every
-    results file is locked like a writer's for the whole upgrade, so a running ``kvbench run`` makes it refuse
-    (``dry_run`` takes no lock and writes nothing). A corrupt line anywhere but last refuses the whole directory.
+    write), a duplicate and an incomplete last line are removed from the file. Nothing is lost: each changed
+    file's original bytes are first saved, fsynced, beside it as ``<file>.pre-upgrade-<ns>`` (a name readers and
+    writers ignore), then the file is replaced atomically. Every results file is locked like a writer's for the
+    whole upgrade, so a running ``kvbench run`` makes it refuse (``dry_run`` takes no lock and writes nothing). A
+    corrupt line anywhere but last refuses the whole directory.
     """
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
