@@ -93,12 +93,19 @@ def test_cache_keeps_fwe_space_glue(tmp_path):
     assert [c.glue for c in loaded] == [" ", " "] and loaded == fresh
 
 
-def test_cache_entry_without_glue_loads_with_newline_glue(tmp_path):
-    """An entry written before contexts had ``glue`` (no such field) loads with the default ``"\\n"``."""
+def cached_vt(tmp_path):
+    """vt at 3,000 tokens, seed 4, two items: ``(those contexts freshly generated, a bench that has cached them,
+    its one cache file)``."""
     fresh = generate("vt", length=3000, limit=2, seed=4)
     bench = cached_bench(tmp_path)
     list(bench.contexts("vt", length=3000, limit=2, seed=4, prompt_length=words))
     (path,) = bench.cache_dir.iterdir()
+    return fresh, bench, path
+
+
+def test_cache_entry_without_glue_loads_with_newline_glue(tmp_path):
+    """An entry written before contexts had ``glue`` (no such field) loads with the default ``"\\n"``."""
+    fresh, bench, path = cached_vt(tmp_path)
     data = json.loads(path.read_text())
     for c in data["contexts"]:
         del c["glue"]
@@ -143,10 +150,7 @@ def test_cache_data_file_of_another_size_is_regenerated(tmp_path, monkeypatch):
 
 def test_cache_item_that_no_longer_fits_is_regenerated(tmp_path):
     """An entry whose item measures as recorded but, with its 30 tokens to generate, exceeds ``length``."""
-    fresh = generate("vt", length=3000, limit=2, seed=4)
-    bench = cached_bench(tmp_path)
-    list(bench.contexts("vt", length=3000, limit=2, seed=4, prompt_length=words))
-    (path,) = bench.cache_dir.iterdir()
+    fresh, bench, path = cached_vt(tmp_path)
     data = json.loads(path.read_text())
     item = data["contexts"][1]
     pad = 3000 - item["meta"]["prompt_tokens"]  # the prompt alone now takes 3000 tokens
