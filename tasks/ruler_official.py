@@ -30,7 +30,10 @@ niah_multiquery at 1,024 tokens with a tokenizer for which 500 essay words never
 to the task's smallest haystack; if nothing fits, ``TooShortError`` names the ``--length`` needed. From
 that point on the task's items are kvbench's, not RULER's (``meta["ruler_identical"]`` is false). The
 same holds for vt's one-shot example when 5 noise lines exceed its 500 tokens (a byte-level tokenizer):
-kvbench keeps the 5-line example.
+kvbench keeps the 5-line example. RULER's step-down can also land below the smallest haystack its draw survives
+(vt's 5 lines, one per variable; a line haystack's one line per needle; qa's gold documents): every draw there
+raises, RULER's loop catches it and, at or below the increment, never steps again. kvbench does not take that
+step: it redraws at the size it has and leaves as above (vt's example: it goes to 5 lines).
 cwe beyond its 8,166 wonderwords needs RULER's ``english_words.json`` (a git-lfs file of the RULER
 repository): put it at ``$KVBENCH_DATA_DIR/ruler/english_words.json``; without it a ``KvbenchError``
 says so.
@@ -89,16 +92,27 @@ class _Run:
         fits ``limit`` (default ``length``), None if none did."""
         return _bisect(lambda mid: (mid, draw(mid)), lo, hi, self.length if limit is None else limit)[0]
 
-    def step_down(self, draw: Callable[[int], tuple[Context, int] | None], n: int, inc: int, floor: int) -> Context:
+    def step_down(
+        self,
+        draw: Callable[[int], tuple[Context, int] | None],
+        n: int,
+        inc: int,
+        floor: int,
+        drawable: int | None = None,
+    ) -> Context:
         """RULER's per-sample loop from ``n``: redraw, dropping ``inc`` units while above ``inc``, until a
         draw fits. ``draw`` returns (context, total) or None where RULER's draw raises. Past RULER's
-        endless retries (see the module docstring) bisect below ``inc`` with fresh draws."""
+        endless retries (see the module docstring) bisect below ``n``, down to ``floor``, with fresh draws.
+        ``drawable`` (default ``floor``) is the smallest size RULER's draw survives: a step below it is a
+        loop RULER never leaves (every draw raises, and at or below ``inc`` RULER steps no further), so
+        kvbench stays at ``n`` and takes the same exit."""
+        drawable = floor if drawable is None else drawable
         misses = 0
         while True:
             got = draw(n)
             if got is not None and got[1] <= self.length:
                 return self._final(got)
-            if n > inc:
+            if n > inc and n - inc >= drawable:
                 n -= inc
                 continue
             misses += 1
@@ -241,7 +255,9 @@ def _vt(run: _Run, count: int) -> Iterator[Context]:
         except _VtCrash:  # RULER's retry loop catches it
             pass
         if n > 5:
-            n -= 5
+            # below 5 lines every RULER draw raises (5 variables need 5 distinct lines) and its loop never
+            # ends: kvbench goes to 5 lines instead, and the items are its own from here on
+            n, run.identical = (n - 5, run.identical) if n >= 10 else (5, False)
             continue
         misses += 1
         if misses >= FLOOR_REDRAWS:  # RULER loops forever here (e.g. a byte-level tokenizer): keep 5 lines
@@ -327,7 +343,8 @@ def _cwe(run: _Run, count: int) -> Iterator[Context]:
     best = run.search(lambda mid: run.total(sample(0, mid)), inc, max(est, inc * 2))
     n = best if best is not None else inc
     for item in range(count):
-        yield run.step_down(lambda m, item=item: _with_total(run, sample(item, m)), n, inc, gen.floor(item))
+        # RULER draws cwe below 10 words too (all of them common): only kvbench's bisection stops at 10
+        yield run.step_down(lambda m, item=item: _with_total(run, sample(item, m)), n, inc, gen.floor(item), drawable=1)
 
 
 # --------------------------------------------------------------------------------------------------

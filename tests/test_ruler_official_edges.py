@@ -524,3 +524,123 @@ def test_fwe_shrinks_to_one_word_but_not_to_none():
     assert ctx.meta["n_haystack"] == 1
     with pytest.raises(KvbenchError, match=r"^--length 266 is too short for ruler/fwe; use a longer --length$"):
         list(ruler_official.official_items(make_task("ruler", "fwe", 0, 266), 1, _FitsAtMost(0)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# ruler_official: a step below the smallest size RULER can draw (RULER's loop never ends there)
+
+
+def _ctx(n: int) -> Context:
+    return Context("ruler", "t", "0", "", "x", [], {"n_haystack": n})
+
+
+class _Draws:
+    """A step_down ``draw``: the sizes asked for, fitting (total ``fit``) at or below ``fits`` units."""
+
+    def __init__(self, fits, length=1024):
+        self.fits, self.length, self.sizes = fits, length, []
+
+    def __call__(self, n):
+        self.sizes.append(n)
+        return _ctx(n), (100 if n <= self.fits else self.length + 1)
+
+
+def _step_down(draws, n, inc, floor, **kw):
+    run = ruler_official._Run(make_task("ruler", "niah_single_1", 0, 1024), words)
+    return run.step_down(draws, n, inc, floor, **kw), run
+
+
+def test_step_down_stops_above_the_smallest_drawable_size():
+    """From 8 lines with an increment of 5 and a floor of 5, RULER's next draw (3 lines) would raise, forever:
+    kvbench redraws at 8 (FLOOR_REDRAWS draws), then bisects [5, 7] (6 fits, 7 does not) and keeps 6."""
+    draws = _Draws(fits=6)
+    ctx, run = _step_down(draws, 8, 5, 5)
+    assert draws.sizes == [8] * ruler_official.FLOOR_REDRAWS + [6, 7]
+    assert ctx.meta["n_haystack"] == 6 and ctx.meta["ruler_identical"] is False and run.identical is False
+
+
+def test_step_down_to_exactly_the_floor_is_rulers():
+    draws = _Draws(fits=5)
+    ctx, run = _step_down(draws, 10, 5, 5)
+    assert draws.sizes == [10, 5]
+    assert ctx.meta["n_haystack"] == 5 and ctx.meta["ruler_identical"] is True
+
+
+def test_step_down_below_the_floor_where_ruler_can_draw():
+    """cwe: RULER draws fewer than 10 words (all common), so ``drawable=1`` lets the step go below the floor."""
+    draws = _Draws(fits=3)
+    ctx, run = _step_down(draws, 8, 5, 5, drawable=1)
+    assert draws.sizes == [8, 3]
+    assert ctx.meta["n_haystack"] == 3 and ctx.meta["ruler_identical"] is True
+
+
+class _TooLongFor:
+    """One token per word, but 10**6 for item ``item``'s prompts of at least ``units`` haystack units."""
+
+    def __init__(self, item, units):
+        self.item, self.units = str(item), units
+
+    def __call__(self, ctx: Context) -> int:
+        too_long = ctx.item == self.item and ctx.meta["n_haystack"] >= self.units
+        return 10**6 if too_long else words(ctx)
+
+
+def test_vt_item_never_steps_below_five_lines():
+    """vt at 1,024 tokens (increment 5) from a searched size that is not a multiple of 5: item 1 never fits
+    above 5 lines, so it steps down to n % 5 + 5 lines; RULER's next step (n % 5 lines, fewer than the five
+    variables) raises on every draw and its loop never ends. kvbench stays, redraws, bisects and keeps 5."""
+    for length in range(1000, 1100, 7):
+        (first,) = ruler_official.official_items(make_task("ruler", "vt", 0, length), 1, words)
+        n = first.meta["n_haystack"]
+        if n % 5:
+            break
+    else:
+        pytest.fail("no length in range gives a vt size that is not a multiple of 5")
+    items = list(ruler_official.official_items(make_task("ruler", "vt", 0, length), 3, _TooLongFor(1, 6)))
+    assert [c.meta["n_haystack"] for c in items] == [n, 5, n]
+    assert [c.meta["ruler_identical"] for c in items] == [True, False, False]
+
+
+def test_niah_line_haystack_never_steps_below_one_line_per_needle():
+    """niah_multivalue (4 needles on distinct lines) at 1,024 tokens, increment 5: item 1 fits only at 4
+    lines; from a size n with n % 5 in 1..3 the step to n % 5 lines is one RULER can never draw."""
+    task = "niah_multivalue"
+    for length in range(1000, 1100, 7):
+        (first,) = ruler_official.official_items(make_task("ruler", task, 0, length), 1, words)
+        n = first.meta["n_haystack"]
+        if n % 5 in (1, 2, 3):
+            break
+    else:
+        pytest.fail("no length in range gives a size with n % 5 in 1..3")
+    items = list(ruler_official.official_items(make_task("ruler", task, 0, length), 2, _TooLongFor(1, 5)))
+    assert [c.meta["n_haystack"] for c in items] == [n, 4]
+    assert [c.meta["ruler_identical"] for c in items] == [True, False]
+
+
+def test_cwe_item_steps_below_ten_words_as_ruler_does():
+    """cwe at 1,024 tokens (increment 10): item 1 fits only below 6 words; from the searched size n (n % 10
+    in 1..5) RULER steps down to n % 10 words and draws there; so does kvbench."""
+    for length in range(1000, 1200, 7):
+        (first,) = ruler_official.official_items(make_task("ruler", "cwe", 0, length), 1, words)
+        n = first.meta["n_haystack"]
+        if n % 10 in range(1, 6):
+            break
+    else:
+        pytest.fail("no length in range gives a size with n % 10 in 1..5")
+    items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, length), 2, _TooLongFor(1, 6)))
+    assert [c.meta["n_haystack"] for c in items] == [n, n % 10]
+    assert all(c.meta["ruler_identical"] for c in items)
+
+
+def test_vt_example_never_steps_below_five_lines(monkeypatch):
+    """The one-shot example sized at 9 lines (``extra`` 250 raw tokens): a failed first draw there would step
+    RULER down to 4 lines, where every draw raises (5 variables) and its loop never ends; kvbench takes 5
+    lines and marks the items as its own."""
+    extra = 250
+    want = (500 - VT_EXAMPLE_WORDS - extra) // NOISE_WORDS
+    assert want == 9
+    plain, calls = _vt_run(monkeypatch, 3, 1, length=4096, measure=_Words(extra))
+    assert [_icl_lines(c) for c in plain] == [9] and plain[0].meta["ruler_identical"] is True
+    items, _ = _vt_run(monkeypatch, 3, 2, crash=(3, calls[3]), length=4096, measure=_Words(extra))
+    assert [_icl_lines(c) for c in items] == [5, 5]
+    assert [c.meta["ruler_identical"] for c in items] == [False, False]
