@@ -13,7 +13,8 @@
 #             estimator,method}.py: what runs when a      (not its two CLI runs), test_triattention_trig
 #             method scores (GateSight's offline label / train / evaluate pipeline is left out: its output is
 #             a recorded artifact)
-#   ruler     tasks/ruler*.py                         <- test_ruler, test_ruler_official
+#   ruler     tasks/ruler*.py                         <- test_ruler, test_ruler_official, test_ruler_edges,
+#                                                        test_ruler_official_edges, test_ruler_tasks_edges
 #   scbench   tasks/scbench*.py, kvbench/prompt.py    <- test_scbench*, test_prompt
 #
 # Why a staged copy: methods/, tasks/ and scorers/ are installed as kvbench.methods, kvbench.tasks and
@@ -51,7 +52,8 @@ TESTS[methods]="tests/test_methods_invariants.py tests/test_methods_keydiff.py t
   --deselect tests/test_oracle.py::test_oracle_through_the_cli_beats_random_on_the_needle
   --deselect tests/test_oracle.py::test_model_list_runs_each_model_once_into_one_out"
 MUTATE[ruler]="kvbench/tasks/ruler*.py"
-TESTS[ruler]="tests/test_ruler.py tests/test_ruler_official.py"
+TESTS[ruler]="tests/test_ruler.py tests/test_ruler_official.py tests/test_ruler_edges.py tests/test_ruler_official_edges.py
+  tests/test_ruler_tasks_edges.py"
 MUTATE[scbench]="kvbench/tasks/scbench*.py kvbench/prompt.py"
 TESTS[scbench]="tests/test_scbench.py tests/test_scbench_generate.py tests/test_scbench_official.py
   tests/test_scbench_sources.py tests/test_prompt.py"
