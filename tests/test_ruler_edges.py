@@ -332,14 +332,17 @@ def test_unknown_sampling_names_the_choices():
 # --- per_item sizing ------------------------------------------------------------------------------
 
 
-def per_item_sized(task: str, length: int, largest: dict[int, int], limit: int) -> list[Context]:
+def per_item_sized(task: str, length: int, largest: dict[int, int], limit: int, seen=None) -> list[Context]:
     """per_item items under a tokenizer that makes item ``i`` fit exactly up to ``largest[i]`` haystack
-    units (0: not even one): its prompt is counted as ``words`` plus a per-item surcharge (items not named: none)."""
+    units (0: not even one): its prompt is counted as ``words`` plus a per-item surcharge (items not named: none).
+    ``seen`` (a list) collects the (item, haystack size) of every prompt measured."""
     gen = ruler_tasks.make_task("ruler", task, 0, length)
     budget = length - gen.gen
     extra = {str(i): budget - words(gen.build(i, max(n, 1))) + (n < 1) for i, n in largest.items()}  # 0: none fits
 
     def measure(ctx: Context) -> int:
+        if seen is not None:
+            seen.append((ctx.item, ctx.meta["n_haystack"]))
         return words(ctx) + extra.get(ctx.item, 0)
 
     got = generate(task, length=length, limit=limit, seed=0, prompt_length=measure, sampling="per_item")
@@ -361,8 +364,14 @@ def test_per_item_bisects_below_the_last_increment():
     """The probe fits up to 111 lines: the steps are 111, 86, ..., 11; an item that does not fit at 11
     bisects over [1, 10] (RULER would loop forever) and gets the largest that fits."""
     largest = {0: 111, 1: 10, 2: 4, 3: 1}
-    got = per_item_sized("niah_single_1", 4096, largest, 4)
+    seen = []
+    got = per_item_sized("niah_single_1", 4096, largest, 4, seen)
     assert [c.meta["n_haystack"] for c in got] == [111, 10, 4, 1]
+    # the bisection measures the item being sized (item 3: 111 down to 11 by 25, then [1, 10] searched in
+    # fewer draws than the 10 of a walk down one line at a time)
+    assert {item for item, _ in seen} == {"0", "1", "2", "3"}
+    item3 = [n for item, n in seen if item == "3"]
+    assert item3[:5] == [111, 86, 61, 36, 11] and len(item3) < 5 + 10
 
 
 def test_per_item_item_that_fits_no_haystack_is_too_short():
