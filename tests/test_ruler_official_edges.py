@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import string
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +34,8 @@ from kvbench.tasks.ruler_official import _CweWords, text_tokens
 from kvbench.tasks.ruler_tasks import make_task
 
 from .test_ruler import words
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ruler_official"
 
 # ---------------------------------------------------------------------------------------------------
 # ruler_data: templates and niah configs (the module's constants are built at import time)
@@ -601,19 +605,18 @@ def test_vt_item_never_steps_below_five_lines():
     assert [c.meta["ruler_identical"] for c in items] == [True, False, False]
 
 
-def test_niah_line_haystack_never_steps_below_one_line_per_needle():
-    """niah_multivalue (4 needles on distinct lines) at 1,024 tokens, increment 5: item 1 fits only at 4
-    lines; from a size n with n % 5 in 1..3 the step to n % 5 lines is one RULER can never draw."""
-    task = "niah_multivalue"
-    for length in range(1000, 1100, 7):
-        (first,) = ruler_official.official_items(make_task("ruler", task, 0, length), 1, words)
-        n = first.meta["n_haystack"]
-        if n % 5 in (1, 2, 3):
-            break
-    else:
-        pytest.fail("no length in range gives a size with n % 5 in 1..3")
-    items = list(ruler_official.official_items(make_task("ruler", task, 0, length), 2, _TooLongFor(1, 5)))
-    assert [c.meta["n_haystack"] for c in items] == [n, 4]
+def test_qa_item_never_steps_below_its_gold_documents(tmp_path, monkeypatch):
+    """qa_2 (the committed HotpotQA-shaped fixture: 10 documents per question, so a floor of 10) at 1,000 tokens
+    sizes items at 34 documents, increment 10. Item 1 fits only at 10 or fewer: 34, 24, 14, and RULER's next
+    step (4 documents, fewer than the question's own) raises on every draw in a loop that never ends. kvbench
+    stays at 14, redraws, bisects [10, 13] and keeps 10 (before: a too-short error for 10 documents)."""
+    (tmp_path / "ruler").mkdir()
+    shutil.copy(FIXTURES / "hotpotqa.json", tmp_path / "ruler" / "hotpotqa.json")
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path))
+    task = make_task("ruler", "qa_2", 0, 1000)
+    assert task.floor(1) == 10 and task.incremental() == 10
+    items = list(ruler_official.official_items(task, 2, _TooLongFor(1, 11)))
+    assert [c.meta["n_haystack"] for c in items] == [34, 10]
     assert [c.meta["ruler_identical"] for c in items] == [True, False]
 
 
