@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -15,7 +16,7 @@ from kvbench.tasks import Context, Question, ruler, ruler_tasks
 from kvbench.tasks.ruler import RulerBench
 from kvbench.tasks.ruler_jsonl import ruler_row, write_ruler_jsonl
 
-from .test_ruler import NEEDLE_RE, generate, rendered, synthetic_essay, words
+from .test_ruler import FIXTURES, NEEDLE_RE, generate, rendered, synthetic_essay, words
 
 VT_GEN, NIAH_GEN = 30, 128  # RULER's tokens_to_generate
 RULER_KEYS = ["index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix"]
@@ -233,6 +234,23 @@ def test_ruler_row_prefix_right_after_a_leading_space():
     assert (row["input"], row["answer_prefix"]) == ("", " Answer:")
 
 
+def test_ruler_row_prompt_that_is_only_its_prefix():
+    """The prefix at offset 0 has nothing before it, not even when it ends in a space: the input is empty."""
+    ctx = ctx_of("qa_1", "Answer: ", ("x",), 32, 2)
+    row = ruler_row(0, ctx, "Answer: ", len)
+    assert (row["input"], row["answer_prefix"]) == ("", "Answer: ")
+
+
+def test_ruler_row_niah_index_is_the_first_occurrence_of_the_answer():
+    """RULER's niah.py: ``index = input_text.find(answer[0])``; the value repeated later in the text (here in
+    the noise) does not move it: offset 6 of "A is: ", 2 words before it."""
+    full = "A is: 1234567.\nB is: 7654321.\nnoise 1234567 noise\nWhat are they? The numbers are"
+    ctx = ctx_of("niah_multivalue", "The numbers are", ("1234567", "7654321"), NIAH_GEN, 20)
+    row = ruler_row(0, ctx, full, lambda s: len(s.split()))
+    assert (row["index"], row["token_position_answer"]) == (6, 2)
+    assert row["input"] == full[: -len(" The numbers are")]
+
+
 # --- write_ruler_jsonl ----------------------------------------------------------------------------
 
 
@@ -324,6 +342,27 @@ def test_generate_defaults_to_official_sampling():
     assert [c.meta["sampling"] for c in got] == ["official", "official"]
 
 
+@pytest.mark.parametrize("sampling", ["official", "per_item"])
+def test_generate_stops_at_the_questions_of_the_qa_file(tmp_path, monkeypatch, sampling):
+    """``generate`` asked for more qa items than the file has questions gives one per question (the HotpotQA
+    fixture holds 3), the bench's items."""
+    (tmp_path / "ruler").mkdir()
+    shutil.copy(FIXTURES / "hotpotqa.json", tmp_path / "ruler" / "hotpotqa.json")
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path))
+    n_questions = len(json.loads((FIXTURES / "hotpotqa.json").read_text()))
+    got = list(ruler.generate("ruler", "qa_2", length=3000, limit=5, seed=0, prompt_length=words, sampling=sampling))
+    assert [c.item for c in got] == [str(i) for i in range(n_questions)] == ["0", "1", "2"]
+    assert got == generate("qa_2", length=3000, limit=5, seed=0, sampling=sampling)
+
+
+def test_bench_unknown_task_names_every_task():
+    """The 13 tasks in report order, comma-separated."""
+    with pytest.raises(KvbenchError) as err:
+        RulerBench().contexts("nope", length=3000, limit=1, seed=0, prompt_length=words)
+    assert str(err.value) == "unknown ruler task 'nope'; valid tasks: " + ", ".join(ruler.TASKS)
+    assert len(ruler.TASKS) == 13
+
+
 def test_unknown_sampling_names_the_choices():
     with pytest.raises(KvbenchError, match=r"^unknown RULER sampling 'best'; use one of: official, per_item$"):
         ruler.generate("ruler", "vt", length=3000, limit=1, seed=0, prompt_length=words, sampling="best")
@@ -383,3 +422,58 @@ def test_per_item_item_that_fits_no_haystack_is_too_short():
         r"prompt already takes (\d+) tokens \(\+128 to generate\); use --length >= (\d+)$",
         str(err.value),
     )
+
+
+def test_per_item_probe_estimate_is_exact_for_a_linear_measure():
+    """niah_single_1 at 4096 under ``words``: noise lines cost the same words each, so the prompt is linear in
+    lines and the estimate from the floor and one increment above (1 and 26 lines) is the largest size that
+    fits; the probe is then measured there and one line above only (the search gallops from the estimate)."""
+    gen = ruler_tasks.make_task("ruler", "niah_single_1", 0, 4096)
+    budget = 4096 - NIAH_GEN
+    cost = [words(gen.build(0, n)) for n in range(1, 301)]
+    assert len({cost[i + 1] - cost[i] for i in range(len(cost) - 1)}) == 1  # linear
+    largest = max(n for n, c in enumerate(cost, start=1) if c <= budget)  # brute force
+    seen = []
+
+    def measure(ctx: Context) -> int:
+        seen.append((ctx.item, ctx.meta["n_haystack"]))
+        return words(ctx)
+
+    (got,) = generate("niah_single_1", length=4096, limit=1, seed=0, prompt_length=measure, sampling="per_item")
+    assert got.meta["n_haystack"] == largest
+    assert seen == [("0", 1), ("0", 26), ("0", largest), ("0", largest + 1)]
+
+
+# --- write_ruler_jsonl: chat template, too short --------------------------------------------------
+
+
+def test_write_vt_rows_under_a_chat_template(tmp_path):
+    """The byte tokenizer's ChatML template wraps the prompt: ``input`` runs from the user header to the
+    assistant header and the answer prefix follows it without a space; ``length`` counts the template's
+    tokens too (its three markers are special tokens)."""
+    pytest.importorskip("transformers")
+    from kvbench.models import byte_tokenizer
+    from kvbench.prompt import prompt_length
+
+    tok = byte_tokenizer()
+    out = tmp_path / "vt.jsonl"
+    assert write_ruler_jsonl(tok, "vt", length=2500, limit=2, seed=1, out=out, sampling="per_item") == 2
+    ctxs = generate("vt", length=2500, limit=2, seed=1, prompt_length=prompt_length(tok), sampling="per_item")
+    for row, ctx in zip(read_rows(out), ctxs, strict=True):
+        q = ctx.questions[0]
+        user = ctx.instruction + ctx.glue + ctx.body + "\n" + q.text
+        assert row["input"] == "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n"
+        assert row["answer_prefix"] == q.answer_prefix
+        markers = ("<|im_start|>", "<|im_end|>", "<|im_start|>")  # one token each, every other byte one
+        full = (row["input"] + row["answer_prefix"]).encode()
+        assert row["length"] == len(full) - sum(len(m) - 1 for m in markers) + VT_GEN <= 2500
+
+
+def test_write_too_short_names_ruler_and_keeps_the_old_file(tmp_path, base_tok):
+    """A length that cannot hold the smallest haystack: the error names ``ruler/<task>`` and the file
+    already there is left as it was (nothing is written before every row is generated)."""
+    out = tmp_path / "niah.jsonl"
+    out.write_text("old\n")
+    with pytest.raises(KvbenchError, match=r"^--length 200 is too short for ruler/niah_single_1: "):
+        write_ruler_jsonl(base_tok, "niah_single_1", length=200, limit=2, seed=0, out=out)
+    assert out.read_text() == "old\n"

@@ -647,3 +647,132 @@ def test_vt_example_never_steps_below_five_lines(monkeypatch):
     items, _ = _vt_run(monkeypatch, 3, 2, crash=(3, calls[3]), length=4096, measure=_Words(extra))
     assert [_icl_lines(c) for c in items] == [5, 5]
     assert [c.meta["ruler_identical"] for c in items] == [False, False]
+
+
+# ---------------------------------------------------------------------------------------------------
+# ruler_official: mutation triage (fwe's shrinking keeps the item, english_words.json's encoding)
+
+
+def test_fwe_item_shrunk_twice_keeps_its_id():
+    """length 251 (budget 201, size 195, step 6), item 1 counts 13 tokens more: 208 and 202 exceed the budget,
+    183 + 13 = 196 does not; every redraw is of item 1, so it keeps its id and shrinks two steps."""
+    items = list(ruler_official.official_items(make_task("ruler", "fwe", 0, 251), 3, _Units(13, ("1",))))
+    assert [c.item for c in items] == ["0", "1", "2"]
+    assert [c.meta["n_haystack"] for c in items] == [195, 183, 195]
+    assert [c.meta["prompt_tokens"] for c in items] == [195, 196, 195]
+
+
+def test_cwe_english_words_are_read_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    """JSON text is UTF-8 (RFC 8259): where the locale's default encoding is Latin-1 (simulated: ``open``
+    without an encoding reads Latin-1, which would decode "é" as "Ã©") the words still come back as written."""
+    (tmp_path / "ruler").mkdir()
+    (tmp_path / "ruler" / "english_words.json").write_text(json.dumps(FALLBACK, ensure_ascii=False), encoding="utf-8")
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path))
+    real_open = open
+
+    def latin1_locale_open(file, mode="r", *args, encoding=None, **kwargs):
+        return real_open(file, mode, *args, encoding=encoding or ("latin-1" if "b" not in mode else None), **kwargs)
+
+    monkeypatch.setattr(ruler_official, "open", latin1_locale_open, raising=False)
+    assert _CweWords(["a", "b"]).fallback(3) == [f"word{i}é" for i in range(30)]
+
+
+class _DrawsFailingAt(_Draws):
+    """``_Draws`` where RULER's draw raises (``None``) at the sizes in ``fail``."""
+
+    def __init__(self, fits, fail):
+        super().__init__(fits)
+        self.fail = fail
+
+    def __call__(self, n):
+        got = super().__call__(n)
+        return None if n in self.fail else got
+
+
+def test_step_down_bisection_counts_a_failed_draw_as_too_long():
+    """As ``test_step_down_stops_above_the_smallest_drawable_size``, but the draw at 6 lines raises: the
+    bisection over [5, 7] takes that as too long (6 fails, then 5 fits) and keeps 5 lines."""
+    draws = _DrawsFailingAt(fits=6, fail={6})
+    ctx, _ = _step_down(draws, 8, 5, 5)
+    assert draws.sizes == [8] * ruler_official.FLOOR_REDRAWS + [6, 5]
+    assert ctx.meta["n_haystack"] == 5 and ctx.meta["ruler_identical"] is False
+
+
+def test_cwe_item_steps_down_to_a_single_word():
+    """As ``test_cwe_item_steps_below_ten_words_as_ruler_does`` from a size n with n % 10 == 1: RULER's
+    step lands on 1 word (one common word, no uncommon ones), a draw it makes, and so does kvbench."""
+    for length in range(1000, 1200, 7):
+        (first,) = ruler_official.official_items(make_task("ruler", "cwe", 0, length), 1, words)
+        n = first.meta["n_haystack"]
+        if n % 10 == 1:
+            break
+    else:
+        pytest.fail("no length in range gives a size with n % 10 == 1")
+    items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, length), 2, _TooLongFor(1, 2)))
+    assert [c.meta["n_haystack"] for c in items] == [n, 1]
+    assert len(items[1].meta["common"]) == 1 and all(c.meta["ruler_identical"] for c in items)
+
+
+class _CountingAt4096:
+    """One token per word, but ``tokens`` for a haystack of 4,096 words or more (RULER's cwe sample); records
+    every size measured."""
+
+    def __init__(self, tokens):
+        self.tokens, self.sizes = tokens, []
+
+    def __call__(self, ctx: Context) -> int:
+        self.sizes.append(ctx.meta["n_haystack"])
+        return self.tokens if ctx.meta["n_haystack"] >= 4096 else words(ctx)
+
+
+def test_cwe_search_range_when_the_estimate_is_small():
+    """cwe at 1,024 tokens: RULER's 4,096-word sample takes 10**6 tokens, so the estimate is
+    int(1024 // (10**6 / 4096)) * 2 = 8 words and the search runs over [10, max(8, 2 * 10)]: 15, 18, 19, 20
+    all fit (one token per word), so every item starts, and stays, at 20 words."""
+    measure = _CountingAt4096(10**6)
+    items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, 1024), 2, measure))
+    assert measure.sizes == [4096, 15, 18, 19, 20, 20, 20]
+    assert [c.meta["n_haystack"] for c in items] == [20, 20]
+
+
+def test_cwe_nothing_fits_names_the_length_needed():
+    """The search finds nothing, so items start at the increment (10 words): the redraws there and the
+    bisection over [10, 9] fail, and the error gives the total at cwe's smallest haystack (10 words)."""
+    gen_tokens = make_task("ruler", "cwe", 0, 1024).gen
+    need = 10**6 + gen_tokens
+    with pytest.raises(
+        KvbenchError,
+        match=rf"^--length 1024 is too short for ruler/cwe: with the smallest haystack \(10 words\) a prompt takes "
+        rf"{need} tokens with the {gen_tokens} to generate; use --length >= {need}$",
+    ):
+        list(ruler_official.official_items(make_task("ruler", "cwe", 0, 1024), 1, _Fixed(10**6)))
+
+
+@pytest.mark.parametrize(
+    "extra, lines, after, identical",
+    [
+        (300, 6, 5, False),  # 6 - 5 = 1 line: RULER's loop never ends, kvbench takes 5 lines
+        (230, 10, 5, True),  # 10 - 5 = 5 lines: a step RULER takes and draws at
+        (215, 11, 6, True),
+    ],
+)
+def test_vt_example_failed_first_draw_steps_to_five_lines_at_least(extra, lines, after, identical, monkeypatch):
+    """The one-shot example sized at ``lines`` lines ((500 - 72 - ``extra``) // 19) whose first draw in
+    RULER's retry loop fails: the loop steps 5 lines down where that leaves at least 5 (RULER's step, the items
+    stay RULER's), else goes to 5 lines (kvbench's, as ``test_vt_example_never_steps_below_five_lines``)."""
+    assert (500 - VT_EXAMPLE_WORDS - extra) // NOISE_WORDS == lines
+    plain, calls = _vt_run(monkeypatch, 3, 1, length=4096, measure=_Words(extra))
+    assert [_icl_lines(c) for c in plain] == [lines]
+    items, _ = _vt_run(monkeypatch, 3, 2, crash=(3, calls[3]), length=4096, measure=_Words(extra))
+    assert [_icl_lines(c) for c in items] == [after, after]
+    assert [c.meta["ruler_identical"] for c in items] == [identical, identical]
+
+
+def test_cwe_search_range_from_rulers_estimate():
+    """cwe at 1,024 tokens with 99,865 tokens for the 4,096-word sample: RULER's estimate is
+    int(1024 // (99865 / 4096)) * 2 = 41 * 2 = 82 words (1024 * 4096 / 99865 = 41.99996), so the search over
+    [10, 82], where every size fits, draws 46, 64, 73, 78, 80, 81, 82 and the items start at 82 words."""
+    measure = _CountingAt4096(99865)
+    items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, 1024), 1, measure))
+    assert measure.sizes == [4096, 46, 64, 73, 78, 80, 81, 82, 82]
+    assert [c.meta["n_haystack"] for c in items] == [82]

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import itertools
 import json
+import locale
 import math
+import os
 import random
 import re
 import string
+import sys
+import tracemalloc
 import uuid
 
 import pytest
 
 from kvbench.errors import KvbenchError, MissingDataError
 from kvbench.tasks import Context, ruler_tasks
-from kvbench.tasks.ruler_data import niah_keys, split_sentences
+from kvbench.tasks.ruler_data import DEPTHS, NIAH_CONFIGS, NiahKeys, niah_keys, singularize, split_sentences
 
-from .test_ruler import NOISE, TASKS, VT_TEMPLATE, data_dir, numbered, resolve  # noqa: F401 (data_dir: fixture)
+from .test_ruler import ESSAY, NOISE, TASKS, VT_TEMPLATE, data_dir, numbered, resolve  # noqa: F401 (data_dir: fixture)
 
 SEED = 42
 VT_HEAD = VT_TEMPLATE.split("{context}")[0]
@@ -456,3 +460,262 @@ def test_fwe_vocabulary_redraws_colliding_words():
     assert len(vocab) == len(set(vocab)) == 2000 and vocab.count("...") == 1 and vocab[0] == "..."
     assert all(re.fullmatch(r"[a-z]{6}", w) for w in vocab[1:])
     assert len(set(drawn) - set(vocab)) <= 1  # every drawn word kept, but the one rank 0's '...' replaces
+
+
+# --- defaults and key list ---------------------------------------------------------------------------
+
+
+class _OneUnitTask(ruler_tasks.RulerTask):
+    """A task family that declares no floor of its own (a plugin's, say)."""
+
+    family = "niah"
+
+    def incremental(self) -> int:
+        return 1
+
+    def build(self, item: int, n: int) -> Context:
+        raise NotImplementedError
+
+
+def test_a_task_without_its_own_floor_needs_one_unit():
+    """``RulerTask``'s default: a haystack needs one unit, so the cap is ``length`` but at least 1."""
+    assert _OneUnitTask("ruler", "niah_single_1", SEED, 7).floor(0) == 1
+    assert _OneUnitTask("ruler", "niah_single_1", SEED, 0).cap() == 1
+    assert _OneUnitTask("ruler", "niah_single_1", SEED, 7).cap() == 7
+
+
+def test_niah_keys_builds_no_key_of_a_one_adjective_group():
+    """``NiahKeys`` indexes the adjective-noun product without building it: 300 lone adjectives x 1,000 nouns
+    (300,000 keys, each string at least ``sys.getsizeof("")`` bytes) cost a small fraction of that; only the
+    one shared-root group (``aaa``, ``aaa-b``, ``aaa-c``: 3,000 keys) is built, to check it for duplicates."""
+    adjs = ["".join(p) for p in itertools.islice(itertools.product(string.ascii_lowercase, repeat=3), 300)]
+    nouns = ["".join(p) for p in itertools.islice(itertools.product(string.ascii_lowercase, repeat=4), 1000)]
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        keys = NiahKeys([*adjs, "aaa-b", "aaa-c"], nouns)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    assert len(keys) == 302 * 1000
+    assert peak < len(keys) * sys.getsizeof("") / 10, peak
+    assert keys[3000] == "aab-aaaa" and keys[1] == "aaa-aaab" and keys[1000] == "aaa-b-aaaa"
+
+
+def test_niah_keys_index_every_key_and_refuse_the_rest():
+    """The keys in RULER's sorted order at 0..len - 1; any other index (negative ones too) is an IndexError naming
+    it."""
+    adjs, nouns = ["red", "blue", "blue-eyed"], ["ox", "cat", "eye"]
+    keys = NiahKeys(adjs, nouns)
+    assert [keys[i] for i in range(len(keys))] == sorted({f"{a}-{n}" for a in adjs for n in nouns})
+    for bad in (len(keys), len(keys) + 1, -1):
+        with pytest.raises(IndexError, match=rf"^{bad}$"):
+            keys[bad]
+
+
+def test_singularize_is_niah_pys_four_replacements():
+    """niah.py (one value asked for): ``Some`` -> ``A``, ``are all`` -> ``is``, ``are`` -> ``is``, ``answers`` ->
+    ``answer``, in that order (``are all`` first, else it would become ``is all``)."""
+    assert singularize("Some answers are all here; they are") == "A answer is here; they is"
+    assert (
+        singularize("What are all the special magic {type_v} for {query}?")
+        == "What is the special magic {type_v} for {query}?"
+    )
+
+
+class _Scripted(random.Random):
+    """A ``Random`` whose ``getrandbits`` returns the given numbers in turn (every integer draw goes through it)."""
+
+    def __init__(self, bits: list[int]):
+        super().__init__(0)
+        self.bits = list(bits)
+
+    def getrandbits(self, k: int) -> int:
+        return self.bits.pop(0)
+
+
+def test_needle_numbers_span_exactly_the_seven_digit_range():
+    """RULER's ``randint(10**6, 10**7 - 1)`` draws 24 random bits until they fall below the 9,000,000 numbers of the
+    range: the last accepted draw (8,999,999) is 9,999,999, and draws of 9,000,000 and 9,000,001 are redrawn."""
+    assert ruler_tasks.draw_needle_part(_Scripted([8_999_999]), "numbers") == "9999999"
+    assert ruler_tasks.draw_needle_part(_Scripted([9_000_000, 9_000_001, 5]), "numbers") == "1000005"
+
+
+def write_essay(root, text: str):
+    path = root / "ruler" / "PaulGrahamEssays.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"text": text}), encoding="utf-8")
+    return path
+
+
+def test_another_essay_file_of_the_same_size_and_time_is_read(monkeypatch, tmp_path):
+    """A file is known by its path as well as its size and modification time: a second data directory whose essay
+    has the same size and mtime is still read anew."""
+    first = write_essay(tmp_path / "a", "One two three.")
+    second = write_essay(tmp_path / "b", "Six ten eight.")
+    stamp = first.stat().st_mtime_ns
+    for path in (first, second):
+        os.utime(path, ns=(stamp, stamp))
+    assert first.stat().st_size == second.stat().st_size
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path / "a"))
+    assert ruler_tasks.make_task("ruler", "niah_single_2", SEED, 4096).essay.words == ["One", "two", "three."]
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path / "b"))
+    assert ruler_tasks.make_task("ruler", "niah_single_2", SEED, 4096).essay.words == ["Six", "ten", "eight."]
+
+
+def test_each_data_file_stays_parsed_while_the_others_are_read(data_dir):  # noqa: F811
+    """SQuAD, HotpotQA and the essays are parsed once each: reading one does not drop another's parse."""
+    squad = ruler_tasks.make_task("ruler", "qa_1", SEED, 4096)
+    hotpot = ruler_tasks.make_task("ruler", "qa_2", SEED, 4096)
+    essay = ruler_tasks.make_task("ruler", "niah_single_2", SEED, 4096)
+    assert ruler_tasks.make_task("ruler", "qa_1", SEED, 1024).qas is squad.qas
+    assert ruler_tasks.make_task("ruler", "qa_2", SEED, 1024).qas is hotpot.qas
+    assert ruler_tasks.make_task("ruler", "niah_single_3", SEED, 1024).essay is essay.essay
+    assert squad.qas != hotpot.qas
+
+
+# --- niah floors and metadata ------------------------------------------------------------------------
+
+ESSAY_WORDS = "Alpha beta gamma. Delta eps zeta eta. Theta iota. Kappa lambda mu nu. Xi omicron.".split(" ")
+
+
+def niah_task(task: str) -> ruler_tasks.RulerTask:
+    essay = ruler_tasks._Essay(list(ESSAY_WORDS)) if NIAH_CONFIGS[task].haystack == "essay" else None
+    return ruler_tasks._Niah("ruler", task, SEED, 4096, essay)
+
+
+@pytest.mark.parametrize("task", [t for t in TASKS if t.startswith("niah")])
+def test_niah_floor_is_one_unit_for_every_task(task):
+    """An essay haystack needs one word whatever its needle count (needles go between sentences); a line haystack
+    one line per needle (each needle takes a distinct line index), and every line-haystack task has one needle: 1
+    for every niah task. One unit builds; a line haystack of 0 lines does not."""
+    gen = niah_task(task)
+    floor = gen.floor(0)
+    assert floor == 1 and type(floor) is int
+    assert len(gen.build(0, floor).meta["depths"]) == NIAH_CONFIGS[task].num_k * NIAH_CONFIGS[task].num_v
+    if NIAH_CONFIGS[task].haystack != "essay":
+        with pytest.raises(ValueError):
+            gen.build(0, floor - 1)
+
+
+@pytest.mark.parametrize("task", ["niah_single_1", "niah_multikey_3", "niah_multikey_1", "niah_multivalue"])
+def test_niah_meta_records_the_unit_and_each_needles_relative_depth(task):
+    """``unit``: words for an essay haystack, lines otherwise; ``depths``: each needle's character offset in the
+    body over the body's length, to 4 decimals (offsets counted here from the pieces around the needle)."""
+    cfg = NIAH_CONFIGS[task]
+    ctx = niah_task(task).build(3, 12)
+    assert ctx.meta["unit"] == ("words" if cfg.haystack == "essay" else "lines")
+    assert ctx.meta["haystack"] == cfg.haystack and ctx.meta["n_haystack"] == 12
+    needles = [
+        f"One of the special magic {cfg.type_v} for {k} is: {v}."
+        for k, vs in zip(ctx.meta["keys"], ctx.meta["values"], strict=True)
+        for v in vs
+    ]
+    body = ctx.body
+    raw = []
+    for needle in needles:
+        before, sep, _ = body.partition(needle)
+        assert sep and needle not in before
+        raw.append(len(before) / len(body))
+    assert sorted(ctx.meta["depths"]) == sorted(round(d, 4) for d in raw)
+    assert max(raw) > 0 and any(round(d, 4) != round(d, 5) for d in raw)  # the 4 decimals are visible here
+
+
+def test_essay_file_is_read_as_utf8_whatever_the_locale(monkeypatch, tmp_path):
+    """RULER's data files are UTF-8: an essay with non-ASCII text reads the same under the C locale (whose default
+    text encoding is ASCII)."""
+    write_essay(tmp_path, "")
+    path = tmp_path / "ruler" / "PaulGrahamEssays.json"
+    path.write_text(
+        json.dumps({"text": "Caf\u00e9 na\u00efve r\u00e9sum\u00e9."}, ensure_ascii=False), encoding="utf-8"
+    )
+    monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path))
+    saved = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")
+        essay = ruler_tasks.make_task("ruler", "niah_single_2", SEED, 4096).essay
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    assert essay.words == ["Caf\u00e9", "na\u00efve", "r\u00e9sum\u00e9."]
+
+
+@pytest.mark.parametrize(
+    ("length", "example", "repeats"), [(1024, (3, 1), (6, 1)), (4095, (3, 1), (6, 1)), (4096, (10, 3), (30, 3))]
+)
+def test_cwe_word_counts_follow_rulers_two_settings(length, example, repeats):
+    """RULER's cwe below 4096 tokens: a 20-word example (10 words 3 times, 10 once) and the item's 10 common words
+    6 times, the rest once; from 4096 on: 40 example words (10 x 10, 30 x 3), the common words 30 times, the rest 3.
+    ``meta`` records the common words (the answer) and the two counts."""
+    gen = ruler_tasks.make_task("ruler", "cwe", SEED, length)
+    ctx = gen.build(5, 40)
+    example_text = ctx.instruction.split("ones that appear most often.\n", 1)[1].split("\nQuestion: ")[0]
+    ex_listed = numbered(example_text)
+    ex_counts = sorted(ex_listed.count(w) for w in set(ex_listed))
+    ex_total = 40 if length >= 4096 else 20
+    assert ex_counts == [example[1]] * (ex_total - 10) + [example[0]] * 10
+    listed = numbered(ctx.body)
+    counts = {w: listed.count(w) for w in set(listed)}
+    assert len(counts) == 40 and ctx.meta["repeats"] == list(repeats)
+    assert sorted(ctx.meta["common"]) == sorted(w for w, c in counts.items() if c == repeats[0])
+    assert len(ctx.meta["common"]) == 10 and list(ctx.questions[0].references) == ctx.meta["common"]
+    assert all(c == repeats[1] for w, c in counts.items() if w not in ctx.meta["common"])
+
+
+def replay_part(rng: random.Random, kind: str) -> str:
+    """One needle key or value as RULER draws it (see :func:`test_needle_part_kinds`)."""
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    keys = niah_keys()
+    return keys[rng.randrange(len(keys))]
+
+
+@pytest.mark.parametrize(
+    "task", ["niah_multikey_1", "niah_multiquery", "niah_multivalue", "niah_single_3", "niah_multikey_3"]
+)
+def test_niah_layout_replays_rulers_draws(task):
+    """RULER's niah.py, replayed from the item's RNG: keys with their values, the needles shuffled by
+    ``Random(seed)``, the queried keys, then the haystack: an essay's first ``n`` words cut before sentence
+    ``int(len(sentences) * (depth / 100))`` for depths sampled from ``DEPTHS``, a needle after each cut; or
+    ``n`` distractor needles with the needles inserted at sampled line indices, highest first."""
+    cfg, n, item = NIAH_CONFIGS[task], 160, 2
+    words = re.sub(r"\s+", " ", ESSAY).split(" ")
+    essay = ruler_tasks._Essay(words) if cfg.haystack == "essay" else None
+    ctx = ruler_tasks._Niah("ruler", task, SEED, 4096, essay).build(item, n)
+    rng = item_rng(task, item)
+    keys, values, needles = [], [], []
+    for _ in range(cfg.num_k):
+        keys.append(replay_part(rng, cfg.type_k))
+        values.append([replay_part(rng, cfg.type_v) for _ in range(cfg.num_v)])
+        needles += [f"One of the special magic {cfg.type_v} for {keys[-1]} is: {v}." for v in values[-1]]
+    random.Random(SEED).shuffle(needles)
+    picked = rng.sample(range(cfg.num_k), cfg.num_q)
+    if cfg.haystack == "essay":
+        sentences = split_sentences(" ".join(words[:n]).strip())
+        depths = rng.sample(list(DEPTHS), len(needles))
+        cuts = [0, *sorted(int(len(sentences) * (d / 100)) for d in depths), len(sentences)]
+        assert len(set(cuts[1:-1])) == len(needles)  # each needle at its own depth of a many-sentence essay
+        pieces = []
+        for i, needle in enumerate([*needles, None]):
+            pieces.append(" ".join(sentences[cuts[i] : cuts[i + 1]]))
+            if needle is not None:
+                pieces.append(needle)
+        body = " ".join(pieces)
+    else:
+        lines = [
+            f"One of the special magic {cfg.type_v} for {replay_part(rng, cfg.type_k)} is: "
+            f"{replay_part(rng, cfg.type_v)}."
+            for _ in range(n)
+        ]
+        for index, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True):
+            lines.insert(index, needle)
+        body = "\n".join(lines)
+    assert ctx.body == body
+    assert ctx.meta["keys"] == keys and ctx.meta["values"] == values
+    assert ctx.meta["queries"] == [keys[i] for i in picked]
+    assert ctx.questions[0].references == tuple(v for i in picked for v in values[i])
