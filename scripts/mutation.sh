@@ -15,7 +15,8 @@
 #             a recorded artifact)
 #   ruler     tasks/ruler*.py                         <- test_ruler, test_ruler_official, test_ruler_edges,
 #                                                        test_ruler_official_edges, test_ruler_tasks_edges
-#   scbench   tasks/scbench*.py, kvbench/prompt.py    <- test_scbench*, test_prompt
+#   scbench   tasks/scbench*.py, kvbench/prompt.py    <- test_scbench*, test_prompt (not the 13 s CLI run of
+#                                                        test_scbench_sources: every mutant would wait for it)
 #
 # Why a staged copy: methods/, tasks/ and scorers/ are installed as kvbench.methods, kvbench.tasks and
 # kvbench.scorers (pyproject's package-dir), but mutmut names and imports mutants by file path. The copy under
@@ -56,7 +57,8 @@ TESTS[ruler]="tests/test_ruler.py tests/test_ruler_official.py tests/test_ruler_
   tests/test_ruler_tasks_edges.py"
 MUTATE[scbench]="kvbench/tasks/scbench*.py kvbench/prompt.py"
 TESTS[scbench]="tests/test_scbench.py tests/test_scbench_generate.py tests/test_scbench_official.py
-  tests/test_scbench_sources.py tests/test_prompt.py"
+  tests/test_scbench_sources.py tests/test_prompt.py tests/test_scbench_edges.py tests/test_scbench_generate_edges.py
+  --deselect tests/test_scbench_sources.py::test_run_without_data_writes_generated_rows_and_says_so_in_one_line"
 ALL="budgets scorers results methods ruler scbench"
 
 groups=("$@")

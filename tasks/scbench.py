@@ -61,6 +61,7 @@ repoqa turns); ``summary_with_needles`` turns add ``task`` in {``scbench_summary
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -542,9 +543,8 @@ class SCBenchBench(Bench):
 
     def _from_rows(self, task: str, limit: int, source: tuple[str, Any], max_turns: int | None) -> Iterator[Context]:
         needles = self._pool(task, source) if task in ("repoqa", "repoqa_and_kv") and limit > 0 else None
-        for index, row in enumerate(self._rows(source)):
-            if index >= limit:
-                break
+        # islice stops at ``limit`` rows without reading the next: a bad line after them is not this run's
+        for index, row in enumerate(itertools.islice(self._rows(source), max(limit, 0))):
             yield build_context(task, index, row, needles, bench=self.name, max_turns=max_turns)
 
     def _generated(

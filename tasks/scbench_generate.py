@@ -419,7 +419,7 @@ def generate_rows(task: str, *, length: int, limit: int, seed: int, measure: Cal
     does not depend on ``limit``). Bad arguments raise at the call, not at the first row."""
     _check(task, seed)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise KvbenchError(f"--limit {limit!r}: give the number of rows, at least 1")
+        raise KvbenchError(f"--limit {limit!r}: give the number of rows, a whole number (0 gives none)")
 
     def rows() -> Iterator[dict]:
         for index in range(limit):
