@@ -255,9 +255,10 @@ def _vt(run: _Run, count: int) -> Iterator[Context]:
         except _VtCrash:  # RULER's retry loop catches it
             pass
         if n > 5:
-            # below 5 lines every RULER draw raises (5 variables need 5 distinct lines) and its loop never
-            # ends: kvbench goes to 5 lines instead, and the items are its own from here on
-            n, run.identical = (n - 5, run.identical) if n >= 10 else (5, False)
+            if n - 5 >= VT_HOPS + 1:
+                n -= 5
+            else:  # below one line per variable every RULER draw raises and its loop never ends:
+                n, run.identical = VT_HOPS + 1, False  # kvbench takes the smallest size it can draw
             continue
         misses += 1
         if misses >= FLOOR_REDRAWS:  # RULER loops forever here (e.g. a byte-level tokenizer): keep 5 lines

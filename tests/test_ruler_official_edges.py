@@ -14,6 +14,7 @@ import random
 import re
 import shutil
 import string
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -589,17 +590,22 @@ class _TooLongFor:
         return 10**6 if too_long else words(ctx)
 
 
+def _length_with_size(task: str, lengths: range, wanted: Callable[[int], bool], why: str) -> tuple[int, int]:
+    """The first ``length`` in ``lengths`` whose searched size ``n`` (item 0, one token per word) is ``wanted``,
+    and that ``n``; the test fails naming ``why`` when none is."""
+    for length in lengths:
+        (first,) = ruler_official.official_items(make_task("ruler", task, 0, length), 1, words)
+        n = first.meta["n_haystack"]
+        if wanted(n):
+            return length, n
+    pytest.fail(f"no length in {lengths} gives a {task} size {why}")
+
+
 def test_vt_item_never_steps_below_five_lines():
     """vt at 1,024 tokens (increment 5) from a searched size that is not a multiple of 5: item 1 never fits
     above 5 lines, so it steps down to n % 5 + 5 lines; RULER's next step (n % 5 lines, fewer than the five
     variables) raises on every draw and its loop never ends. kvbench stays, redraws, bisects and keeps 5."""
-    for length in range(1000, 1100, 7):
-        (first,) = ruler_official.official_items(make_task("ruler", "vt", 0, length), 1, words)
-        n = first.meta["n_haystack"]
-        if n % 5:
-            break
-    else:
-        pytest.fail("no length in range gives a vt size that is not a multiple of 5")
+    length, n = _length_with_size("vt", range(1000, 1100, 7), lambda n: n % 5 != 0, "that is not a multiple of 5")
     items = list(ruler_official.official_items(make_task("ruler", "vt", 0, length), 3, _TooLongFor(1, 6)))
     assert [c.meta["n_haystack"] for c in items] == [n, 5, n]
     assert [c.meta["ruler_identical"] for c in items] == [True, False, False]
@@ -623,13 +629,7 @@ def test_qa_item_never_steps_below_its_gold_documents(tmp_path, monkeypatch):
 def test_cwe_item_steps_below_ten_words_as_ruler_does():
     """cwe at 1,024 tokens (increment 10): item 1 fits only below 6 words; from the searched size n (n % 10
     in 1..5) RULER steps down to n % 10 words and draws there; so does kvbench."""
-    for length in range(1000, 1200, 7):
-        (first,) = ruler_official.official_items(make_task("ruler", "cwe", 0, length), 1, words)
-        n = first.meta["n_haystack"]
-        if n % 10 in range(1, 6):
-            break
-    else:
-        pytest.fail("no length in range gives a size with n % 10 in 1..5")
+    length, n = _length_with_size("cwe", range(1000, 1200, 7), lambda n: n % 10 in range(1, 6), "with n % 10 in 1..5")
     items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, length), 2, _TooLongFor(1, 6)))
     assert [c.meta["n_haystack"] for c in items] == [n, n % 10]
     assert all(c.meta["ruler_identical"] for c in items)
@@ -701,13 +701,7 @@ def test_step_down_bisection_counts_a_failed_draw_as_too_long():
 def test_cwe_item_steps_down_to_a_single_word():
     """As ``test_cwe_item_steps_below_ten_words_as_ruler_does`` from a size n with n % 10 == 1: RULER's
     step lands on 1 word (one common word, no uncommon ones), a draw it makes, and so does kvbench."""
-    for length in range(1000, 1200, 7):
-        (first,) = ruler_official.official_items(make_task("ruler", "cwe", 0, length), 1, words)
-        n = first.meta["n_haystack"]
-        if n % 10 == 1:
-            break
-    else:
-        pytest.fail("no length in range gives a size with n % 10 == 1")
+    length, n = _length_with_size("cwe", range(1000, 1200, 7), lambda n: n % 10 == 1, "with n % 10 == 1")
     items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, length), 2, _TooLongFor(1, 2)))
     assert [c.meta["n_haystack"] for c in items] == [n, 1]
     assert len(items[1].meta["common"]) == 1 and all(c.meta["ruler_identical"] for c in items)
