@@ -106,18 +106,23 @@ for group in "${groups[@]}"; do
   dir="$OUT/$group"
   echo "== $group: ${MUTATE[$group]} (staged in $dir)"
   stage "$group" "$dir"
-  # tests (or the group's test selection) changed since the last run here: recollect which tests cover what, and
-  # recheck the mutants that were not killed (mutmut keeps verdicts between runs; an interrupted run resumes)
+  # tests (or the group's test selection) changed since the verdicts here were made, or nobody recorded which tests
+  # made them (a run cut before its end): recollect which tests cover what, and recheck the mutants that were not
+  # killed (mutmut keeps verdicts between runs; an interrupted run resumes)
   tests_sha=$( (echo "${TESTS[$group]}"; find tests -type f -name '*.py' -print0 | sort -z | xargs -0 cat) | sha256sum | cut -c1-16)
-  recheck=0
-  if [ -f "$dir/tests.sha" ] && [ "$(cat "$dir/tests.sha")" != "$tests_sha" ]; then
+  recheck='survived|no tests'
+  if [ -d "$dir/mutants" ] && [ "$(cat "$dir/tests.sha" 2>/dev/null)" != "$tests_sha" ]; then
     rm -f "$dir/mutants/mutmut-stats.json"
-    recheck=1
+  else
+    recheck=''
   fi
+  # MUTATION_RECHECK_TIMEOUTS=1: mutmut counts its wall-clock timeout as a kill, and on a loaded machine it fires on
+  # mutants that do not loop; rerun those (alone on the machine) so that only real endless loops stay "timeout"
+  [ "${MUTATION_RECHECK_TIMEOUTS:-0}" = 0 ] || recheck="${recheck:+$recheck|}timeout"
   # shellcheck disable=SC2086  # MUTANTS: mutant name patterns (e.g. 'kvbench.scorers.scbench.*'), word-split
   mutmut run --max-children "$JOBS" ${MUTANTS:-} | tail -n 3
-  if [ "$recheck" = 1 ]; then
-    mapfile -t again < <(mutmut results --all true | awk -F': ' '$2 == "survived" || $2 == "no tests" {gsub(/^ +/, "", $1); print $1}')
+  if [ -n "$recheck" ]; then
+    mapfile -t again < <(mutmut results --all true | awk -F': ' -v want="^($recheck)$" '$2 ~ want {gsub(/^ +/, "", $1); print $1}')
     [ ${#again[@]} -eq 0 ] || mutmut run --max-children "$JOBS" "${again[@]}" | tail -n 3
   fi
   echo "$tests_sha" >"$dir/tests.sha"
