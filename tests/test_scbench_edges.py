@@ -246,14 +246,38 @@ def test_mf_row_errors_name_the_task_row_and_what_is_wrong():
             "turn 0 answer item must be a string, got NoneType",
         ),
         ("vt", lambda r: r["multi_turns"][1].update(answer=[]), "turn 1 answer is an empty list"),
+        ("repoqa", lambda r: r["multi_turns"][1].update(name=None), "turn 1 name must be a string, got NoneType"),
+        ("repoqa", lambda r: r["multi_turns"][0].update(answer=None), "turn 0 answer must be a string, got NoneType"),
+        (
+            "qa_eng",
+            lambda r: r["multi_turns"][1].update(answer=["Paris", 2.5]),
+            "turn 1 answer item must be a string, got float",
+        ),
+        ("qa_eng", lambda r: r["multi_turns"][0].update(answer=[]), "turn 0 answer is an empty list"),
     ],
 )
 def test_row_errors_name_task_row_turn_and_field(task, mutate, message):
     row = fixture_rows(task)[0]
     mutate(row)
     with pytest.raises(sb.SCBenchDataError) as err:
-        sb.build_context(task, 4, row)
+        sb.build_context(task, 4, row, needles={})
     assert str(err.value) == f"scbench/{task} row 4: {message}"
+
+
+def test_qa_eng_list_answers_are_every_reference_in_order():
+    row = fixture_rows("qa_eng")[0]
+    row["multi_turns"][1]["answer"] = ["the Seine", "Seine", 1889]
+    ctx = sb.build_context("qa_eng", 0, row)
+    assert ctx.questions[1].references == ("the Seine", "Seine", "1889")
+    assert ctx.questions[0].references == (row["multi_turns"][0]["answer"],)
+
+
+def test_repoqa_repo_missing_from_the_pool_has_no_needles():
+    row = fixture_rows("repoqa")[0]
+    ctx = sb.build_context("repoqa", 0, row, needles={"someone/else": [("f", "def f(): pass")]})
+    turn = row["multi_turns"][0]
+    assert ctx.questions[0].references == (turn["answer"], row["lang"], turn["name"])
+    assert parse_repoqa_references(ctx.questions[0].references)[3] == []
 
 
 def test_parquet_reads_only_the_columns_asked_for():
