@@ -7,6 +7,8 @@ from __future__ import annotations
 import builtins
 import itertools
 import json
+import sys
+import types
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -254,6 +256,7 @@ def test_mf_row_errors_name_the_task_row_and_what_is_wrong():
             "turn 1 answer item must be a string, got float",
         ),
         ("qa_eng", lambda r: r["multi_turns"][0].update(answer=[]), "turn 0 answer is an empty list"),
+        ("kv", lambda r: r["multi_turns"][1].update(answer=None), "turn 1 answer must be a string, got NoneType"),
     ],
 )
 def test_row_errors_name_task_row_turn_and_field(task, mutate, message):
@@ -451,3 +454,49 @@ def test_a_subclass_labels_its_contexts_with_its_own_name():
     measure = prompt_length(byte_tokenizer())
     (generated,) = _Renamed().contexts("mf", length=400, limit=1, seed=0, prompt_length=measure)
     assert generated.bench == "scbench_copy" and generated.source == "generated"
+
+
+# --- settings and sources: the errors a user reads -----------------------------------------------------------
+
+
+def test_max_turns_of_one_is_a_cap_and_zero_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setenv(sb.MAX_TURNS_ENV, "1")
+    assert sb.max_turns_setting() == 1
+    monkeypatch.setenv(sb.MAX_TURNS_ENV, " 0 ")
+    with pytest.raises(KvbenchError) as err:
+        sb.max_turns_setting()
+    assert str(err.value) == (
+        "KVBENCH_SCBENCH_MAX_TURNS='0': give a positive number of turns (5 is the official cap), "
+        "or unset it to ask every turn"
+    )
+
+
+def test_a_data_dir_without_scbench_data_is_named_where_only_the_generated_tasks_run(tmp_path):
+    with pytest.raises(sb.MissingDataError) as err:
+        sb.SCBenchBench(data_dir=tmp_path).contexts("qa_eng", length=0, limit=1, seed=0, prompt_length=None)
+    assert err.value.reason == (
+        f"needs SCBench's hub data (no SCBench data under {tmp_path / 'scbench'}; kvbench generates only "
+        "kv, mf, prefix_suffix, vt offline)"
+    )
+
+
+def test_a_hub_failure_names_the_task_the_directory_the_cause_and_the_fix(monkeypatch, tmp_path):
+    def load_dataset(*args, **kw):
+        raise ConnectionError("offline")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(sb.MissingDataError) as err:
+        sb.SCBenchBench(data_dir=tmp_path, hub=True).contexts("vt", length=0, limit=1, seed=0, prompt_length=None)
+    root = tmp_path / "scbench"
+    assert err.value.reason == (
+        f"no scbench_vt data under {root} (scbench_vt/*.parquet or *.jsonl, data/scbench_vt.jsonl) "
+        "(loading microsoft/SCBench config scbench_vt from the hub failed: offline)"
+    )
+    assert err.value.fix == sb._FIX and "kvbench data fetch scbench" in err.value.fix
+
+
+def test_an_unknown_task_lists_the_valid_ones():
+    with pytest.raises(ValueError) as err:
+        sb.SCBenchBench().contexts("kvv", length=0, limit=1, seed=0, prompt_length=None)
+    assert str(err.value) == f"unknown scbench task 'kvv'; valid tasks: {', '.join(sb.TASKS)}"
+    assert "kv, prefix_suffix, vt, repoqa" in str(err.value)
