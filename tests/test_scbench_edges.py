@@ -125,6 +125,12 @@ def test_pieces_carry_no_special_tokens_but_the_scbench_context_does():
     assert [tok.decode(q) for q in sc.question_ids] == ["Q one?" + TAIL, "Q two?" + TAIL]
 
 
+def test_prompt_length_counts_a_questionless_context_with_its_chat_head():
+    """No question: the chat head, instruction, glue and body, as one text (6 + 10 + 6 byte tokens here)."""
+    ctx = _kv_ctx("abcdef", questions=())
+    assert prompt_length(byte_tokenizer())(ctx) == 6 + len(("Read this." + ctx.glue + "abcdef").encode())
+
+
 # --- SCBench's assembly -----------------------------------------------------------------------------------
 
 
@@ -500,3 +506,12 @@ def test_an_unknown_task_lists_the_valid_ones():
         sb.SCBenchBench().contexts("kvv", length=0, limit=1, seed=0, prompt_length=None)
     assert str(err.value) == f"unknown scbench task 'kvv'; valid tasks: {', '.join(sb.TASKS)}"
     assert "kv, prefix_suffix, vt, repoqa" in str(err.value)
+
+
+def test_prompt_length_of_an_scbench_context_is_its_assembly_count_bos_included():
+    """SCBench's context prompt is encoded with the tokenizer's special tokens (the BOS): the length counts it, as
+    the assembly renders it, where a count of the whole prompt text without special tokens would not."""
+    tok, bos = bos_tokenizer()
+    r = render(tok, _sc("body"))
+    assert r.context_ids[0] == bos
+    assert prompt_length(tok)(_sc("body")) == len(r.context_ids) + len(r.question_ids[0])
