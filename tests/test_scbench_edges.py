@@ -515,3 +515,53 @@ def test_prompt_length_of_an_scbench_context_is_its_assembly_count_bos_included(
     r = render(tok, _sc("body"))
     assert r.context_ids[0] == bos
     assert prompt_length(tok)(_sc("body")) == len(r.context_ids) + len(r.question_ids[0])
+
+
+# --- build_context: what a row becomes, and the errors of a bad row (mutants mutmut had timed out under load) ---
+
+
+@pytest.mark.parametrize(
+    "task, mutate, message",
+    [
+        ("kv", lambda r: r.update(context=7), "context must be a string, got int"),
+        ("kv", lambda r: r.update(context=[1, 2]), "context must be a string, got list"),
+        ("kv", lambda r: r.update(multi_turns=[]), "multi_turns must be a non-empty list of {input, answer} objects"),
+        ("repoqa", lambda r: r.update(repo=3), "repo must be a string, got int"),
+        (
+            "repoqa",
+            lambda r: r.update(lang="cobol"),
+            "lang must be one of python, java, typescript, rust, cpp, go, got 'cobol'",
+        ),
+    ],
+)
+def test_bad_rows_name_task_row_and_field(task, mutate, message):
+    row = fixture_rows(task)[0]
+    mutate(row)
+    with pytest.raises(sb.SCBenchDataError) as err:
+        sb.build_context(task, 6, row, needles={})
+    assert str(err.value) == f"scbench/{task} row 6: {message}"
+
+
+def test_build_context_refuses_an_unknown_task_and_a_repoqa_row_without_its_pool():
+    with pytest.raises(ValueError) as err:
+        sb.build_context("kvv", 0, fixture_rows("kv")[0])
+    assert str(err.value) == f"unknown scbench task 'kvv'; valid tasks: {', '.join(sb.TASKS)}"
+    with pytest.raises(ValueError) as err:
+        sb.build_context("repoqa", 0, fixture_rows("repoqa")[0])
+    assert str(err.value) == "scbench/repoqa needs the repo's needle pool"
+
+
+def test_a_vt_row_with_a_context_uses_it_not_its_input():
+    row = fixture_rows("vt")[0]
+    row.update(context="the real context", input="not the context")
+    assert sb.build_context("vt", 0, row).body == "the real context"
+
+
+def test_meta_and_source_of_a_built_context():
+    row = fixture_rows("kv")[0]
+    row["id"], row["task"] = 3.0, "not a subtask of kv"
+    ctx = sb.build_context("kv", 2, row, max_turns=1)
+    assert ctx.source == "hub" and len(ctx.questions) == 1
+    # the reserve is sized for the turns asked: 150 new tokens x 1 turn + 1000, not x 2 turns
+    assert ctx.reserve_tokens == ctx.meta["reserve_tokens"] == 1150 == sb.reserve_tokens("kv", 2, 1)
+    assert ctx.meta == {"row": 2, "n_turns": 2, "reserve_tokens": 1150, "id": "3.0"}
