@@ -4,8 +4,11 @@ repair on colliding strings, the too-short message's size, argument checks and t
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
+import random
 import re
 import string
 
@@ -247,3 +250,108 @@ def test_write_error_keeps_a_created_folder_that_is_no_longer_empty_and_raises(t
     with pytest.raises(RuntimeError, match="boom"):
         gen.write_hub_layout("kv", rows(), out)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]  # scbench_kv/ removed, out/ kept
+
+
+# --- the size search (_fit): its result, its cap, its argument checks -------------------------------------------
+
+
+def _largest_by_brute_force(task: str, index: int, length: int, m) -> dict:
+    """The row at the largest size whose measure fits ``length``: every size from the smallest up, one by one."""
+    g = gen._GENERATORS[task](task, 3, index)
+    size, fits = g.n_min, None
+    while m(row := g.build(size)) <= length:
+        fits, size = (row, m(row)), size + 1
+    assert fits is not None
+    return g.finish(*fits)
+
+
+def _convex(row: dict) -> int:
+    """A measure that grows faster than the row (as a prompt with a growing per-unit cost would)."""
+    return measure(row) ** 2 // 400
+
+
+@pytest.mark.parametrize("task", gen.GENERATED_TASKS)
+@pytest.mark.parametrize("length, m", [(500, measure), (701, measure), (650, _convex)])
+def test_the_search_finds_the_largest_row_that_fits(task, length, m):
+    row = gen.generate_row(task, 1, length=length, seed=3, measure=m)
+    assert row == _largest_by_brute_force(task, 1, length, m)
+
+
+def test_a_measure_that_does_not_grow_is_refused_above_eight_units_per_token():
+    """kv from 5 pairs: 18, 36, 72 pairs fit (72 is the cap 8 x 9 itself); the next guess, 144, is above it."""
+    with pytest.raises(KvbenchError) as info:
+        gen.generate_row("kv", 0, length=9, seed=0, measure=lambda row: 0)
+    assert str(info.value) == (
+        "scbench/kv: a row of 144 key-value pairs still measures 0 <= 9 tokens; the measure does not grow with the "
+        "row (check the tokenizer / measure function)"
+    )
+
+
+@pytest.mark.parametrize("index", [True, -1, 1.0, "2"])
+def test_generate_row_refuses_a_row_index_that_is_not_a_whole_number(index):
+    with pytest.raises(KvbenchError) as info:
+        gen.generate_row("mf", index, length=700, seed=0, measure=measure)
+    assert str(info.value) == f"scbench/mf: row index {index!r} must be a non-negative integer"
+
+
+@pytest.mark.parametrize("seed", [True, -1, 2**32, 1.0])
+def test_generate_row_refuses_a_seed_outside_the_range(seed):
+    with pytest.raises(KvbenchError) as info:
+        gen.generate_row("vt", 0, length=700, seed=seed, measure=measure)
+    assert str(info.value) == f"--seed {seed!r}: give an integer from 0 to 4294967295"
+
+
+class _Sized(gen._Gen):
+    """A generator whose row is its size alone, to search many lengths and measures in little time."""
+
+    n_min = 3
+
+    def build(self, size: int) -> dict:
+        return {"size": size}
+
+
+def _uneven_measure(seed: int):
+    """A non-decreasing measure with uneven steps (flat runs, 1-2 token steps, jumps of 7 and 30)."""
+    rng = random.Random(seed)
+    tokens = list(itertools.accumulate(rng.choice([0, 1, 1, 2, 7, 30]) for _ in range(4000)))
+    return lambda row: tokens[row["size"]]
+
+
+@pytest.mark.parametrize(
+    "m", [_uneven_measure(1), _uneven_measure(2), lambda r: 4 * r["size"] + 10, lambda r: r["size"] ** 2 // 9]
+)
+def test_the_search_finds_the_largest_fitting_size_at_every_length(m):
+    """Against a scan of every size, at every length from the smallest row's measure to 3,000 tokens."""
+    g = _Sized("kv", 0, 0)
+    tokens = [m(g.build(n)) for n in range(4000)]  # non-decreasing in the size
+    for length in range(tokens[g.n_min], 3000):
+        largest = bisect.bisect_right(tokens, length) - 1
+        assert gen._fit(g, m, length) == {"size": largest}, length
+
+
+def _counted(m):
+    calls = []
+
+    def counting(row):
+        calls.append(1)
+        return m(row)
+
+    return counting, calls
+
+
+def test_the_search_measures_five_to_eight_rows_as_documented():
+    """The module docstring's cost: about five to eight ``measure`` calls a row. Real rows at 1k-4k tokens take
+    5-8 each; a linear measure is closed in at most 7 at every length, an uneven one in at most 10 on average."""
+    for task in gen.GENERATED_TASKS:
+        for length in (1024, 2048, 4096):
+            counting, calls = _counted(measure)
+            gen.generate_row(task, 0, length=length, seed=0, measure=counting)
+            assert 5 <= len(calls) <= 8, (task, length, len(calls))
+    g = _Sized("kv", 0, 0)
+    for m, most, mean in [(lambda r: 4 * r["size"] + 10, 7, 7), (_uneven_measure(1), 15, 10)]:
+        counts = []
+        for length in range(m(g.build(g.n_min)), 3000, 3):
+            counting, calls = _counted(m)
+            gen._fit(g, counting, length)
+            counts.append(len(calls))
+        assert max(counts) <= most and sum(counts) / len(counts) <= mean
