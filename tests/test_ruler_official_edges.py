@@ -770,3 +770,14 @@ def test_cwe_search_range_from_rulers_estimate():
     items = list(ruler_official.official_items(make_task("ruler", "cwe", 0, 1024), 1, measure))
     assert measure.sizes == [4096, 46, 64, 73, 78, 80, 81, 82, 82]
     assert [c.meta["n_haystack"] for c in items] == [82]
+
+
+def test_official_niah_meta_names_the_keys_and_values_hidden_in_the_haystack():
+    """niah_multikey_2 (a line haystack: no essays needed) at 1,024 tokens: the meta's keys and values are the
+    drawn needles' (each key and its value on one needle line of the body), and the values are the answers."""
+    items = list(ruler_official.official_items(make_task("ruler", "niah_multikey_2", 0, 1024), 2, words))
+    for ctx in items:
+        keys, values = ctx.meta["keys"], ctx.meta["values"]
+        assert len(keys) == len(values) == 1 and ctx.questions[0].references == tuple(values[0])
+        needle_lines = [line for line in ctx.body.split("\n") if keys[0] in line]
+        assert len(needle_lines) == 1 and values[0][0] in needle_lines[0]
