@@ -78,6 +78,9 @@ stage() {  # stage GROUP DIR: the copy mutmut runs in (kept between runs: mutmut
   cp -r kvbench tests scripts "$dir/"
   for sub in methods tasks scorers; do cp -r "$sub" "$dir/kvbench/$sub"; done
   find "$dir" -name __pycache__ -prune -exec rm -rf {} +
+  # the shared data (RULER's essays) beside the checkout, beside the copy too: mutmut runs the tests in
+  # $dir/mutants, whose conftest looks for ../shared/data; without it the essay tasks' checks skip there
+  if [ -d "$ROOT/../shared" ]; then ln -sfn "$(cd "$ROOT/../shared" && pwd)" "$dir/shared"; fi
   "$VENV/bin/python" - "$dir/pyproject.toml" "${MUTATE[$group]}" "${TESTS[$group]}" <<'EOF'
 import json, re, sys
 from pathlib import Path
