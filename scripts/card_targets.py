@@ -96,7 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--before-1024", type=float, help="the five-task mean at 1,024 tokens before issue 44's stages")
-    ap.add_argument("--methods-table", metavar="TITLE", help="print docs/methods.md's tables (eviction, eviction-scbench)")
+    ap.add_argument(
+        "--methods-table", metavar="TITLE", help="print docs/methods.md's tables (eviction, eviction-scbench)"
+    )
     args = ap.parse_args()
     if args.methods_table:
         for sub in ("eviction", "eviction-scbench"):

@@ -70,8 +70,9 @@ def test_methods_table_cells_are_per_p_means(tmp_path):
         {"bench": "scbench", "task": t, "method": m, "allocation": a, "p": p, "length": 4096, "score": s}
         for t, m, a, p, s in [
             ("kv", "full", "flat", 1.0, 100.0), ("kv", "full", "flat", 1.0, 50.0), ("mf", "full", "flat", 1.0, 10.0),
-            ("kv", "snapkv", "flat", 0.5, 80.0), ("kv", "snapkv", "flat", 0.1, 0.0), ("mf", "snapkv", "flat", 0.5, 10.0),
-            ("mf", "snapkv", "flat", 0.1, 5.0), ("kv", "oracle", "gate", 0.5, 100.0),
+            ("kv", "snapkv", "flat", 0.5, 80.0), ("kv", "snapkv", "flat", 0.1, 0.0),
+            ("mf", "snapkv", "flat", 0.5, 10.0), ("mf", "snapkv", "flat", 0.1, 5.0),
+            ("kv", "oracle", "gate", 0.5, 100.0),
         ]
     ]  # fmt: skip
     (tmp_path / "eviction-scbench").mkdir()

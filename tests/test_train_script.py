@@ -70,7 +70,8 @@ def _stages(calls: list[str]) -> list[str]:
         (
             "qwen3_5",
             "tiny-trained-dense",
-            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9", *TEN_DENSE],
+            ["stage1", "stage2", "stage3", "stage3b", "stage4", "stage5", "stage6", "stage7", "stage8", "stage9"]
+            + TEN_DENSE,
         ),
     ],
 )
