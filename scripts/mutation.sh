@@ -26,6 +26,8 @@
 # ../../.venv/bin/mutmut results` lists survivors, `mutmut show <name>` shows one. Each group's summary line
 # is printed at the end and written to .mutation/<group>/score.txt. MUTANTS='kvbench.scorers.scbench.*' runs
 # only the mutants matching those patterns (mutmut's names: module path, then x_<function>__mutmut_<n>).
+# MUTATION_RECHECK_TIMEOUTS=1 reruns the mutants mutmut timed out (its wall-clock timeout counts as a kill, and on a
+# loaded machine it fires on mutants that do not loop); run the script alone on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
