@@ -356,8 +356,15 @@ def test_hub_failure_is_missing_data(monkeypatch, tmp_path):
         raise ConnectionError("offline")
 
     _fake_datasets(monkeypatch, load_dataset)
-    with pytest.raises(sb.MissingDataError, match="offline"):
+    with pytest.raises(sb.MissingDataError, match="offline") as err:
         sb.SCBenchBench(data_dir=tmp_path, hub=True).contexts("kv", length=0, limit=1, seed=0, prompt_length=None)
+    # the reason names the task, the directory and the cause; the fix is every task's
+    root = tmp_path / "scbench"
+    assert err.value.reason == (
+        f"no scbench_kv data under {root} (scbench_kv/*.parquet or *.jsonl, data/scbench_kv.jsonl) "
+        "(loading microsoft/SCBench config scbench_kv from the hub failed: offline)"
+    )
+    assert err.value.fix == sb._FIX and "kvbench data fetch scbench" in err.value.fix
 
 
 # --- repoqa needle pool ------------------------------------------------------------------------------------
