@@ -38,6 +38,17 @@ def measure(row: dict) -> int:
     return (len(str(body)) + longest) // 4 + NEW_TOKENS
 
 
+def counting(m):
+    """``m`` wrapped to count its calls: ``(counted, calls)``, one entry in ``calls`` per call."""
+    calls = []
+
+    def counted(row):
+        calls.append(1)
+        return m(row)
+
+    return counted, calls
+
+
 def rows_of(task: str, *, length: int = 2048, limit: int = 3, seed: int = 7, m=measure) -> list[dict]:
     return list(generate_rows(task, length=length, limit=limit, seed=seed, measure=m))
 
@@ -214,12 +225,7 @@ def test_row_does_not_depend_on_limit(task):
 @pytest.mark.parametrize("task", GENERATED_TASKS)
 @pytest.mark.parametrize("length", [700, 2048, 8192])
 def test_rows_fit_the_length_and_come_near_it_with_few_measure_calls(task, length):
-    calls = []
-
-    def counted(row):
-        calls.append(1)
-        return measure(row)
-
+    counted, calls = counting(measure)
     rows = rows_of(task, length=length, limit=3, m=counted)
     for row in rows:
         assert 0.9 * length <= measure(row) <= length, (task, length, measure(row))

@@ -18,7 +18,7 @@ from kvbench.errors import KvbenchError, TooShortError
 from kvbench.tasks import scbench_generate as gen
 from kvbench.tasks.ruler_data import NOISE
 from kvbench.tasks.scbench import iter_rows
-from tests.test_scbench_generate import measure
+from tests.test_scbench_generate import counting, measure
 
 
 def _pairs(row: dict) -> list[tuple[str, str]]:
@@ -329,29 +329,19 @@ def test_the_search_finds_the_largest_fitting_size_at_every_length(m):
         assert gen._fit(g, m, length) == {"size": largest}, length
 
 
-def _counted(m):
-    calls = []
-
-    def counting(row):
-        calls.append(1)
-        return m(row)
-
-    return counting, calls
-
-
 def test_the_search_measures_five_to_eight_rows_as_documented():
     """The module docstring's cost: about five to eight ``measure`` calls a row. Real rows at 1k-4k tokens take
     5-8 each; a linear measure is closed in at most 7 at every length, an uneven one in at most 10 on average."""
     for task in gen.GENERATED_TASKS:
         for length in (1024, 2048, 4096):
-            counting, calls = _counted(measure)
-            gen.generate_row(task, 0, length=length, seed=0, measure=counting)
+            counted, calls = counting(measure)
+            gen.generate_row(task, 0, length=length, seed=0, measure=counted)
             assert 5 <= len(calls) <= 8, (task, length, len(calls))
     g = _Sized("kv", 0, 0)
     for m, most, mean in [(lambda r: 4 * r["size"] + 10, 7, 7), (_uneven_measure(1), 15, 10)]:
         counts = []
         for length in range(m(g.build(g.n_min)), 3000, 3):
-            counting, calls = _counted(m)
-            gen._fit(g, counting, length)
+            counted, calls = counting(m)
+            gen._fit(g, counted, length)
             counts.append(len(calls))
         assert max(counts) <= most and sum(counts) / len(counts) <= mean
