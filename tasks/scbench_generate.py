@@ -253,6 +253,13 @@ class _Mf(_Gen):
         return {"id": self.index, "context": values, "multi_turns": turns}
 
 
+def mf_kinds(seed: int, index: int) -> list[str]:
+    """The kinds (:data:`MF_KINDS` entries) that generated mf row ``index`` at ``seed`` asks, in turn order
+    (the same at every ``--length``): what ``scripts/mf_by_kind.py`` groups a results file's mf scores by."""
+    _check("mf", seed)
+    return list(_Mf("mf", seed, index)._kinds)
+
+
 class _PrefixSuffix(_Gen):
     n_min = TURNS * (1 + 2 * PS_DISTRACTORS)
     unit = "strings"

@@ -21,6 +21,7 @@ from kvbench.tasks.scbench_generate import (
     generate_row,
     generate_rows,
     mf_answer,
+    mf_kinds,
     write_hub_layout,
 )
 from tests.test_cli import kvbench
@@ -146,6 +147,16 @@ def test_mf_answers_match_builtin_statistics_and_the_official_target_regex(lengt
             assert turn["input"].startswith("You should answer with only one number, no other words. The ")
             expected = _mf_expected(values, target)
             assert expected == int(expected) and turn["answer"] == expected, (target, turn["answer"], expected)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 42])
+def test_mf_kinds_are_the_rows_question_kinds_at_every_length(seed):
+    for length in (200, 2048):
+        for index, row in enumerate(rows_of("mf", length=length, limit=4, seed=seed)):
+            asked = [re.findall(r"The (.+) of the list is", t["input"])[0] for t in row["multi_turns"]]
+            assert mf_kinds(seed, index) == asked
+    with pytest.raises(KvbenchError, match="--seed -1"):
+        mf_kinds(-1, 0)
 
 
 def _resolve_vt(text: str) -> dict[str, int]:
