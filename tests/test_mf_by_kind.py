@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import mf_by_kind as M  # noqa: E402
+
+from tests.test_compare_rows import write  # noqa: E402
 
 # Row 0 of generated mf at seed 42 asks, in turn order (read off the generated questions by hand):
 ROW0_KINDS = ["third largest number", "median number", "smallest number", "largest number", "second smallest number"]
@@ -23,12 +24,6 @@ def row(question: int, prediction: str, label: int, score: float, method: str = 
         "model_fingerprint": "f", "artifact_sha256": None, "source": "generated", "prediction": prediction,
         "references": [str(label)], "score": score, "meta": {"row": 0}, **extra,
     }  # fmt: skip
-
-
-def write(directory: Path, rows: list[dict]) -> Path:
-    directory.mkdir()
-    (directory / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return directory
 
 
 def test_rows_grouped_by_the_kind_their_question_asks(tmp_path, capsys):
