@@ -42,8 +42,9 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
     (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
-TEN = ["stage10s", "stage10t", "stage10u"]
-TEN_DENSE = [*TEN, "stage10v"]  # the dense twin trains 10v after 10u and exports after it
+TEN = ["stage10s", "stage10t", "stage10u"]  # tiny-trained exports after 10u
+# the dense twin: 10v, then the mf stages, export after 10p
+TEN_DENSE = [*TEN, "stage10v", "stage10n", "stage10o", "stage10p"]
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -132,17 +133,20 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     assert "--export kvbench/builtin/tiny-trained" in calls[2] and calls[-1] == "calibrate tiny-trained"
 
 
-def test_the_dense_twin_exports_after_stage_10v(tmp_path):
-    """tiny-trained-dense: 10u does not export; 10v (4,096-token rows, from 10u's final/) does, then calibration."""
+def test_the_dense_twin_exports_after_stage_10p(tmp_path):
+    """tiny-trained-dense: 10v (4,096-token rows, from 10u's final/) follows 10u, the mf stages 10n-10p follow 10v,
+    and only 10p exports, then calibration."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained-dense", 4096)
     calls = [c for c in _run(repo, "qwen3_5", from_scratch=False) if c.startswith("train-tiny")]
     assert _stages(calls) == TEN_DENSE
-    assert "--export" not in calls[2] and "--eval-limit 0" in calls[2]
+    assert "--init models/tiny-trained-dense/stage10u/final " in calls[3] and "--curriculum 4096@0 " in calls[3]
+    assert "--init models/tiny-trained-dense/stage10v/final " in calls[4] and "--mix scbench_mf=0.6," in calls[4]
+    assert [i for i, c in enumerate(calls) if "--export" in c] == [6]
+    assert all("--eval-limit 0" in c for c in calls[:6])
     assert (
-        "--init models/tiny-trained-dense/stage10u/final " in calls[3]
-        and "--curriculum 4096@0 " in calls[3]
-        and "--export kvbench/builtin/tiny-trained-dense" in calls[3]
+        "--init models/tiny-trained-dense/stage10o/final " in calls[6]
+        and "--export kvbench/builtin/tiny-trained-dense" in calls[6]
     )
 
 
@@ -167,11 +171,11 @@ def test_a_stage_10_waits_for_the_probe(tmp_path):
 
 
 def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
-    """Only stage 10v's final/ on the machine (what the repository carries for the dense twin): no probe runs on
+    """Only stage 10p's final/ on the machine (what the repository carries for the dense twin): no probe runs on
     the missing 10s-10u, no stage trains, and the export's calibration follows."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained-dense", 4096)
-    final = repo / "models" / "tiny-trained-dense" / "stage10v" / "final"
+    final = repo / "models" / "tiny-trained-dense" / "stage10p" / "final"
     final.mkdir(parents=True)
     (final / "training_args.json").write_text("{}")
     probe = repo / "probe.sh"
@@ -181,4 +185,4 @@ def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
     subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
     lines = calls.read_text().splitlines()
     assert not any(line.startswith("probe") for line in lines)
-    assert _stages(lines) == ["stage10v"] and lines[-1] == "calibrate tiny-trained-dense"
+    assert _stages(lines) == ["stage10p"] and lines[-1] == "calibrate tiny-trained-dense"
