@@ -15,10 +15,10 @@
 # trained past 1,024 tokens (the export of stage 9: both models since issue 31) skip stages 8-9.
 # Stages 10s-10u (both ARCHs, issue 44): SCBench kv key matching (short keys, then answers that quote the asked
 # pair), then every SCBench task up to the full 4,096-token context, from the shipped weights (or stage 9's
-# final/); each later one gated by scripts/probe_kv.py on the one before (exit 3 when not learned); 10v, 100 more
-# steps at 4,096 tokens, and 10n-10p (the dense twin only, issue 44): SCBench mf from short lists, then every task
-# at 4,096 tokens with RULER's weighted back up. Export and calibration after 10u (tiny-trained: its 10n-10q are
-# measured in docs/models.md, not shipped yet) or 10p (the dense twin).
+# final/); each later one gated by scripts/probe_kv.py on the one before (exit 3 when not learned); 10v (the dense
+# twin only): 100 more steps at 4,096 tokens. Stages 10n-10p (both ARCHs, issue 44): SCBench mf from short lists,
+# then every task at 4,096 tokens with RULER's weighted back up; 10q-10r (tiny-trained only): RULER's multi-key
+# and fwe rows weighted up further. Export and calibration after the last (10r for tiny-trained, 10p for the twin).
 # Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,9 @@ train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@
 STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
 STAGES+=(stage10s stage10t stage10u)
-[ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v stage10n stage10o stage10p)
+[ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v)
+STAGES+=(stage10n stage10o stage10p)
+[ "$ARCH" = qwen3_next ] && STAGES+=(stage10q stage10r)
 finished() { [ -f "$OUT/$1/final/training_args.json" ]; }
 # finished_after NAME: prints the first stage after NAME (in STAGES order) whose final/ is complete; false if none
 finished_after() {
@@ -171,12 +173,10 @@ stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
 gate stage10t stage10u 51 "" --say
 KEEP10U=niah_single_1=0.04,niah_multikey_2=0.07,niah_multikey_3=0.04,vt=0.05,fwe=0.04,lookup=0.05,echo=0.02,chains=0.03
 EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
-# tiny-trained exports after 10u (SCBench kv 71 at full cache); the dense twin after 10p
-if [ "$ARCH" = qwen3_5 ]; then EXPORT10U=(--eval-limit 0); else EXPORT10U=("${EXPORT[@]}"); fi
 stage stage10u --init "$OUT/stage10t/final" --seed 36 --steps 300 --batch-size 4 --lr 7e-4 \
-  --curriculum 1536@0,4096@0.8 --save-every 10 \
-  --mix "scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.09,scbench_vt=0.12,$KEEP10U" \
-  "${EXPORT10U[@]}"
+  --curriculum 1536@0,4096@0.8 --save-every 10 --eval-limit 0 \
+  --mix "scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.09,scbench_vt=0.12,$KEEP10U"
+AFTER10U="$OUT/stage10u/final"
 if [ "$ARCH" = qwen3_5 ]; then
   # 10v: 10u left the twin at SCBench kv 54 (tiny-trained: 71), 60 steps of its 300 having been at 4,096 tokens;
   # 100 more steps x 4 rows all at 4,096, kv rows of the full context's pairs 30 %, lr 5e-4. Measured run: started
@@ -184,22 +184,40 @@ if [ "$ARCH" = qwen3_5 ]; then
   stage stage10v --init "$OUT/stage10u/final" --seed 37 --steps 100 --batch-size 4 --lr 5e-4 \
     --curriculum 4096@0 --save-every 10 --eval-limit 0 \
     --mix "scbench_kv64_say=0.3,scbench_kv32_say=0.06,scbench_mf=0.1,scbench_prefix_suffix=0.1,scbench_vt=0.1,$KEEP10U"
-  # 10n-10p: SCBench mf. After 10u / 10v both models answer mf with one number per question kind whatever the list
-  # holds (scripts/mf_by_kind.py: mf 6-7); an earlier 10m of plain mf rows at 1,024 tokens left its loss at guessing
-  # level. 10n: mf rows of short lists (384-768 tokens) 60 %, quoted-pair kv rows and RULER kept (mf 6 -> 37, kv
-  # fell). 10o: every SCBench task at 1,536 then 4,096 tokens (10 contexts: kv 50, mf 38). 10p: 120 steps all at
-  # 4,096 tokens, full-context kv rows 20 %, RULER's tasks 38 %, lr 5e-4: SCBench kv 69, mf 37 (20 contexts;
-  # 10v: 69, 6), RULER's five-task mean at 4,096 41.9 (10v: 42.9). Measured run: 10n started from 10v's bf16
-  # export, not from its final/ as here.
-  stage stage10n --init "$OUT/stage10v/final" --seed 39 --steps 600 --lr 1e-3 \
-    --curriculum 384@0,512@0.5,768@0.8 --save-every 25 --eval-limit 0 \
-    --mix scbench_mf=0.6,scbench_kv8_short_say=0.08,scbench_kv8_say=0.04,lookup=0.08,echo=0.04,chains=0.06,niah_single_1=0.03,niah_multikey_2=0.04,vt=0.03
-  stage stage10o --init "$OUT/stage10n/final" --seed 40 --steps 160 --batch-size 4 --lr 7e-4 \
-    --curriculum 1536@0,4096@0.65 --save-every 10 --eval-limit 0 \
-    --mix "scbench_kv16_say=0.06,scbench_kv32_say=0.1,scbench_kv64_say=0.12,scbench_mf=0.18,scbench_prefix_suffix=0.08,scbench_vt=0.12,$KEEP10U"
+  AFTER10U="$OUT/stage10v/final"
+fi
+# 10n-10p: SCBench mf. After 10u / 10v both models answer mf with one number per question kind whatever the list
+# holds (scripts/mf_by_kind.py: mf 6-7); an earlier 10m of plain mf rows at 1,024 tokens left its loss at guessing
+# level. 10n: mf rows of short lists (384-768 tokens) 60 %, quoted-pair kv rows and RULER kept (mf 37 on both, kv
+# fell). 10o: every SCBench task at 1,536 then 4,096 tokens (10 contexts: kv 68 / 50, mf 38 / 38). 10p: 120 steps
+# all at 4,096 tokens, RULER's tasks 38-42 %, lr 5e-4; the twin: SCBench kv 69, mf 37 (20 contexts; 10v: 69, 6),
+# RULER's five-task mean at 4,096 41.9 (10v: 42.9); its export. Measured runs: 10n started from the bf16 exports of
+# 10u / 10v, not from their final/ as here.
+stage stage10n --init "$AFTER10U" --seed 39 --steps 600 --lr 1e-3 \
+  --curriculum 384@0,512@0.5,768@0.8 --save-every 25 --eval-limit 0 \
+  --mix scbench_mf=0.6,scbench_kv8_short_say=0.08,scbench_kv8_say=0.04,lookup=0.08,echo=0.04,chains=0.06,niah_single_1=0.03,niah_multikey_2=0.04,vt=0.03
+stage stage10o --init "$OUT/stage10n/final" --seed 40 --steps 160 --batch-size 4 --lr 7e-4 \
+  --curriculum 1536@0,4096@0.65 --save-every 10 --eval-limit 0 \
+  --mix "scbench_kv16_say=0.06,scbench_kv32_say=0.1,scbench_kv64_say=0.12,scbench_mf=0.18,scbench_prefix_suffix=0.08,scbench_vt=0.12,$KEEP10U"
+if [ "$ARCH" = qwen3_5 ]; then
   stage stage10p --init "$OUT/stage10o/final" --seed 41 --steps 120 --batch-size 4 --lr 5e-4 \
     --curriculum 4096@0 --save-every 10 \
     --mix "niah_single_1=0.04,niah_multikey_2=0.13,niah_multikey_3=0.09,vt=0.06,fwe=0.06,scbench_kv64_say=0.2,scbench_kv32_say=0.05,scbench_mf=0.12,scbench_prefix_suffix=0.04,scbench_vt=0.06,lookup=0.08,echo=0.03,chains=0.04" \
+    "${EXPORT[@]}"
+else
+  stage stage10p --init "$OUT/stage10o/final" --seed 41 --steps 120 --batch-size 4 --lr 5e-4 \
+    --curriculum 4096@0 --save-every 10 --eval-limit 0 \
+    --mix "niah_single_1=0.04,niah_multikey_2=0.14,niah_multikey_3=0.1,vt=0.07,fwe=0.07,scbench_kv64_say=0.12,scbench_kv32_say=0.05,scbench_mf=0.14,scbench_prefix_suffix=0.05,scbench_vt=0.07,lookup=0.08,echo=0.03,chains=0.04"
+  # 10q, 10r (tiny-trained only): after 10p its RULER niah_multikey_2 and fwe still trailed the shipped 10u's (20
+  # items each: 35 and 10 against 50 and 26.7); 60 steps at 4,096 twice, lr 3e-4, them weighted up to 20 / 15 %,
+  # then 25 / 20 %. After 10r (20 items): RULER's five-task mean 43.9 (10u: 46.7), SCBench kv 86, mf 42 (10
+  # contexts; 10u: 68, 7); its export.
+  stage stage10q --init "$OUT/stage10p/final" --seed 44 --steps 60 --batch-size 4 --lr 3e-4 \
+    --curriculum 4096@0 --save-every 10 --eval-limit 0 \
+    --mix "niah_single_1=0.03,niah_multikey_2=0.2,niah_multikey_3=0.1,vt=0.05,fwe=0.15,scbench_kv64_say=0.1,scbench_mf=0.12,scbench_prefix_suffix=0.04,scbench_vt=0.05,lookup=0.08,echo=0.03,chains=0.05"
+  stage stage10r --init "$OUT/stage10q/final" --seed 45 --steps 60 --batch-size 4 --lr 3e-4 \
+    --curriculum 4096@0 --save-every 10 \
+    --mix "niah_single_1=0.02,niah_multikey_2=0.25,niah_multikey_3=0.08,vt=0.05,fwe=0.2,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.03,scbench_vt=0.04,lookup=0.08,echo=0.02,chains=0.03" \
     "${EXPORT[@]}"
 fi
 bash scripts/calibrate_tiny.sh "$NAME"

@@ -42,9 +42,10 @@ def _ship(repo: Path, name: str, context_length: int) -> None:
     (shipped / "kvbench_builtin.json").write_text(f'{{"name": "{name}", "context_length": {context_length}}}')
 
 
-TEN = ["stage10s", "stage10t", "stage10u"]  # tiny-trained exports after 10u
-# the dense twin: 10v, then the mf stages, export after 10p
-TEN_DENSE = [*TEN, "stage10v", "stage10n", "stage10o", "stage10p"]
+KV = ["stage10s", "stage10t", "stage10u"]  # SCBench kv key matching
+MF = ["stage10n", "stage10o", "stage10p"]  # SCBench mf, then back to every task at 4,096 tokens
+TEN = [*KV, *MF, "stage10q", "stage10r"]  # tiny-trained exports after 10r
+TEN_DENSE = [*KV, "stage10v", *MF]  # the dense twin exports after 10p
 
 
 def _run(repo: Path, arch: str, from_scratch: bool = True) -> list[str]:
@@ -115,7 +116,8 @@ def test_stages_8_and_9_start_from_the_shipped_weights_by_default(tmp_path, arch
 def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     """The shipped model already exported after stage 9 (context_length 4,096): stages 8-9 are not trained
     again; the key-matching stages 10s-10u start from the shipped weights (10s: short keys; 10t, quoted pairs,
-    from 10s; 10u, up to the full context's pairs at 1,536 then 4,096 tokens, from 10t, exporting)."""
+    from 10s; 10u, up to the full context's pairs at 1,536 then 4,096 tokens, from 10t), then the mf stages
+    10n-10p and 10q-10r, the last exporting)."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
     calls = _run(repo, "qwen3_next", from_scratch=False)
@@ -130,7 +132,12 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
         and "--init models/tiny-trained/stage10t/final " in calls[2]
         and "--curriculum 1536@0,4096@0.8 " in calls[2]
     )
-    assert "--export kvbench/builtin/tiny-trained" in calls[2] and calls[-1] == "calibrate tiny-trained"
+    # the mf stages follow 10u; only the last stage (10r: RULER's multi-key and fwe rows at 4,096) exports
+    train = [c for c in calls if c.startswith("train-tiny")]
+    assert "--init models/tiny-trained/stage10u/final " in train[3] and "--mix scbench_mf=0.6," in train[3]
+    assert "--init models/tiny-trained/stage10q/final " in train[7] and "--curriculum 4096@0 " in train[7]
+    assert [i for i, c in enumerate(train) if "--export" in c] == [7]
+    assert "--export kvbench/builtin/tiny-trained" in train[7] and calls[-1] == "calibrate tiny-trained"
 
 
 def test_the_dense_twin_exports_after_stage_10p(tmp_path):
