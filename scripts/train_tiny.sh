@@ -199,15 +199,17 @@ stage stage10n --init "$AFTER10U" --seed 39 --steps 600 --lr 1e-3 \
 stage stage10o --init "$OUT/stage10n/final" --seed 40 --steps 160 --batch-size 4 --lr 7e-4 \
   --curriculum 1536@0,4096@0.65 --save-every 10 --eval-limit 0 \
   --mix "scbench_kv16_say=0.06,scbench_kv32_say=0.1,scbench_kv64_say=0.12,scbench_mf=0.18,scbench_prefix_suffix=0.08,scbench_vt=0.12,$KEEP10U"
+# the twin exports after 10p; tiny-trained after 10r
 if [ "$ARCH" = qwen3_5 ]; then
-  stage stage10p --init "$OUT/stage10o/final" --seed 41 --steps 120 --batch-size 4 --lr 5e-4 \
-    --curriculum 4096@0 --save-every 10 \
-    --mix "niah_single_1=0.04,niah_multikey_2=0.13,niah_multikey_3=0.09,vt=0.06,fwe=0.06,scbench_kv64_say=0.2,scbench_kv32_say=0.05,scbench_mf=0.12,scbench_prefix_suffix=0.04,scbench_vt=0.06,lookup=0.08,echo=0.03,chains=0.04" \
-    "${EXPORT[@]}"
+  MIX10P=niah_single_1=0.04,niah_multikey_2=0.13,niah_multikey_3=0.09,vt=0.06,fwe=0.06,scbench_kv64_say=0.2,scbench_kv32_say=0.05,scbench_mf=0.12,scbench_prefix_suffix=0.04,scbench_vt=0.06
+  EXPORT10P=("${EXPORT[@]}")
 else
-  stage stage10p --init "$OUT/stage10o/final" --seed 41 --steps 120 --batch-size 4 --lr 5e-4 \
-    --curriculum 4096@0 --save-every 10 --eval-limit 0 \
-    --mix "niah_single_1=0.04,niah_multikey_2=0.14,niah_multikey_3=0.1,vt=0.07,fwe=0.07,scbench_kv64_say=0.12,scbench_kv32_say=0.05,scbench_mf=0.14,scbench_prefix_suffix=0.05,scbench_vt=0.07,lookup=0.08,echo=0.03,chains=0.04"
+  MIX10P=niah_single_1=0.04,niah_multikey_2=0.14,niah_multikey_3=0.1,vt=0.07,fwe=0.07,scbench_kv64_say=0.12,scbench_kv32_say=0.05,scbench_mf=0.14,scbench_prefix_suffix=0.05,scbench_vt=0.07
+  EXPORT10P=(--eval-limit 0)
+fi
+stage stage10p --init "$OUT/stage10o/final" --seed 41 --steps 120 --batch-size 4 --lr 5e-4 \
+  --curriculum 4096@0 --save-every 10 --mix "$MIX10P,lookup=0.08,echo=0.03,chains=0.04" "${EXPORT10P[@]}"
+if [ "$ARCH" = qwen3_next ]; then
   # 10q, 10r (tiny-trained only): after 10p its RULER niah_multikey_2 and fwe still trailed the shipped 10u's (20
   # items each: 35 and 10 against 50 and 26.7); 60 steps at 4,096 twice, lr 3e-4, them weighted up to 20 / 15 %,
   # then 25 / 20 %. After 10r (20 items): RULER's five-task mean 43.9 (10u: 46.7), SCBench kv 86, mf 42 (10

@@ -117,7 +117,7 @@ def test_weights_already_trained_to_4096_skip_stages_8_and_9(tmp_path):
     """The shipped model already exported after stage 9 (context_length 4,096): stages 8-9 are not trained
     again; the key-matching stages 10s-10u start from the shipped weights (10s: short keys; 10t, quoted pairs,
     from 10s; 10u, up to the full context's pairs at 1,536 then 4,096 tokens, from 10t), then the mf stages
-    10n-10p and 10q-10r, the last exporting)."""
+    10n-10p and 10q-10r, the last of them exporting."""
     repo = _layout(tmp_path)
     _ship(repo, "tiny-trained", 4096)
     calls = _run(repo, "qwen3_next", from_scratch=False)
