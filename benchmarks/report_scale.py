@@ -141,7 +141,7 @@ def run_measured(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, fl
 
 def _current(res: Path) -> bool:
     """Whether kept results have today's row identity (rows of an older kvbench would be left out)."""
-    from kvbench.results import ROW_KEY
+    from kvbench.results.keys import ROW_KEY
 
     first = next(iter(sorted(res.glob("*.jsonl"))), None)
     if first is None:

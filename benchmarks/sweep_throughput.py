@@ -10,7 +10,7 @@ two passes interleaved in the same run after one small warm-up of each. Reported
 ``--serial-repeats`` serial and ``--batch-repeats`` batched passes, answered children per second both ways, their
 ratio, and how many children's token ids are identical (any that differ are listed: a bug in the batched path).
 
-**Part B, end to end** (unless ``--skip-sweep``). ``kvbench.runner.run`` on RULER at ``--length``, ``--tasks``
+**Part B, end to end** (unless ``--skip-sweep``). ``kvbench.run.loop.run`` on RULER at ``--length``, ``--tasks``
 (default every RULER task whose data is here: qa_1 / qa_2 need SQuAD / HotpotQA) x ``--items`` items, methods
 gatesight, snapkv, triattention, keydiff, kvzip, random at the nine p plus full, three times: ``answer_batch=1``
 (``serial``: each child alone, ``--serial-items`` items), ``answer_contexts=1`` (``batched``: every child of a
@@ -53,7 +53,8 @@ from kvbench.engines.torch_engine import TorchChild, TorchEngine, TorchParent  #
 from kvbench.methods import get_method  # noqa: E402
 from kvbench.models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model  # noqa: E402
 from kvbench.prompt import Rendered, prompt_length, render  # noqa: E402
-from kvbench.runner import RunConfig, run  # noqa: E402
+from kvbench.run.loop import run  # noqa: E402
+from kvbench.run.plan import RunConfig  # noqa: E402
 from kvbench.tasks import get_bench  # noqa: E402
 
 CHILD_METHODS: list[tuple[str, str | None]] = [  # (method, allocation); None: the method's default

@@ -185,7 +185,8 @@ def run(
             raise KvbenchError(f"--data-dir {data_dir} is not a directory")
         os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
     from kvbench.methods import parse_method_options
-    from kvbench.runner import RunConfig, parse_shard, run_models
+    from kvbench.run.loop import run_models
+    from kvbench.run.plan import RunConfig, parse_shard
 
     config = RunConfig(
         methods=_split(method) or [],
@@ -213,7 +214,7 @@ def run(
         from dataclasses import replace
 
         from kvbench.distributed import RayOptions, describe, run_ray
-        from kvbench.runner import check_models
+        from kvbench.run.plan import check_models
 
         check_models(models)
         given = {"workers": workers, "gpus_per_worker": gpus_per_worker}
@@ -273,7 +274,7 @@ def list_(
             console.print(f"{name:22} {spec.description}{default}")
         console.print("or a local model directory / hub id of type qwen3_next, qwen3_5 or qwen3_5_text")
     elif what is ListWhat.allocations:
-        from kvbench.budgets import ALLOCATIONS
+        from kvbench.allocations import ALLOCATIONS
 
         for name in ALLOCATIONS:
             console.print(f"{name:14} {_first_line(ALLOCATIONS.get(name))}  [dim]{ALLOCATIONS.source(name)}[/dim]")

@@ -28,7 +28,7 @@ __all__ = ["COMMANDS", "CONTRIBUTORS", "CORE_COMMANDS", "MISSING_HINTS", "builti
 
 #: The core's commands that live outside kvbench/cli.py's app: name -> "module:typer app".
 CORE_COMMANDS: dict[str, str] = {
-    "results": "kvbench.results_cli:app",
+    "results": "kvbench.results.cli:app",
 }
 
 #: Packages whose ``BUILTIN_COMMANDS`` (and ``COMMAND_HELP``) tables add built-in commands, in listing order.

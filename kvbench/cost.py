@@ -3,8 +3,9 @@
 For each length, one random context is prefilled ``repeats + 1`` times (the first is a warm-up); every
 method scores each parent. Medians are reported, all measured side by side in one process.
 
-Storage of the ``global`` allocation (per-head counts differ): for each method whose default allocation is
-``global``, its last scores are selected at ``STORAGE_P`` and forked; the child's ``stored_bytes`` is set
+Storage of a ragged allocation (:attr:`kvbench.allocations.Allocation.ragged`: per-head counts differ, e.g.
+``global``): for each method whose default allocation is ragged, its last scores are selected with it at
+``STORAGE_P`` and forked; the child's ``stored_bytes`` is set
 against the bytes its kept entries need and against what a layout padded to each layer's widest head
 would store.
 """
@@ -20,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from kvbench.allocations import get_allocation
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import get_method
 
@@ -28,7 +30,7 @@ STORAGE_P = (0.5, 0.1)
 
 @dataclass(frozen=True)
 class StorageRow:
-    """Bytes of one ``global`` child: stored (measured on the child), needed (kept entries x K+V bytes per
+    """Bytes of one ragged child: stored (measured on the child), needed (kept entries x K+V bytes per
     entry), padded (each layer's widest head times its KV heads)."""
 
     p: float
@@ -61,11 +63,12 @@ class CostRow:
 def measure_storage(
     parent, method, scores: Sequence[torch.Tensor], ps: Sequence[float] = STORAGE_P
 ) -> list[StorageRow]:
-    """Fork ``parent`` with ``method``'s ``global`` selection of ``scores`` at each p; bytes per child."""
+    """Fork ``parent`` with ``method``'s selection of ``scores`` by its default allocation at each p; bytes per
+    child."""
     entry_bytes = 2 * parent.head_dim * parent.keys(0).element_size()
     rows = []
     for p in ps:
-        kept = method.select(parent, scores, p, "global")
+        kept = method.select(parent, scores, p, method.default_allocation)
         child = parent.fork(kept)
         padded = sum(max(len(idx) for idx in heads) * len(heads) for heads in kept) * entry_bytes
         rows.append(StorageRow(p, child.stats.stored_bytes, child.stats.kept_entries * entry_bytes, padded))
@@ -93,7 +96,7 @@ def measure_cost(
                 scores = method.score(parent)
                 if rep:
                     scoring[method.name].append(time.perf_counter() - start)
-                if rep == repeats and method.default_allocation == "global":
+                if rep == repeats and get_allocation(method.default_allocation).ragged:
                     storage[method.name] = tuple(measure_storage(parent, method, scores))
             if rep:
                 prefill.append(parent.prefill_seconds)

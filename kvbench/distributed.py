@@ -1,7 +1,7 @@
 """``kvbench run --ray``: one run's contexts split into N shards, each run by one Ray task.
 
 Shard ``i`` of ``N`` is the runner's own ``--shard i/N`` (contexts ``c`` with ``c mod N = i``): one Ray task
-per shard loads the model once and calls :func:`kvbench.runner.run` into the same ``--out``, so the results
+per shard loads the model once and calls :func:`kvbench.run.loop.run` into the same ``--out``, so the results
 store's rules (one writer per shard's results file, finished rows skipped) hold unchanged. A task whose worker
 process dies (SIGKILL, out of memory, a lost node) is retried by Ray (``max_retries``) and resumes from the rows
 its earlier attempt finished. Python exceptions are not retried: they repeat. Each task pushes its progress to
@@ -29,7 +29,7 @@ from rich.progress import Progress
 from kvbench.cpu import local_cores
 from kvbench.errors import KvbenchError
 from kvbench.logs import LineProgress, make_console, make_progress
-from kvbench.runner import RunConfig, RunSummary
+from kvbench.run.plan import RunConfig, RunSummary
 
 __all__ = ["RAY_INSTALL", "RayOptions", "RaySummary", "ShardProgress", "check_options", "run_ray", "shard_configs"]
 
@@ -152,7 +152,7 @@ class _ProgressHub:
 
 def _run_shard(config: RunConfig, hub: Any) -> RunSummary:
     """Body of a shard's Ray task: the runner on ``config`` (its shard set), progress pushed to ``hub``."""
-    from kvbench.runner import run
+    from kvbench.run.loop import run
 
     attempt, pid = uuid.uuid4().hex, os.getpid()
     shard = config.shard[0]
@@ -231,8 +231,8 @@ def run_ray(
     ``on_poll(progress)`` (optional) sees every shard's progress at each poll of the driver (about every
     0.5 s). Raises the KvbenchError of the first shard that hits one (a user error: the other shards are
     cancelled); other failures are returned in ``RaySummary.failed`` once the other shards finished."""
-    from kvbench import runner
     from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL, materialize_builtin
+    from kvbench.run import loop as runner
 
     console = console or make_console(stderr=True)
     check_options(config, options)

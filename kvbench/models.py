@@ -20,8 +20,6 @@ from safetensors import SafetensorError
 
 from kvbench.atomic import write_atomic, write_dir
 from kvbench.cache import cache_dir
-from kvbench.engines.attention import register_attention
-from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
 from kvbench.errors import ModelError
 
 CHAT_TEMPLATE = (
@@ -30,6 +28,28 @@ CHAT_TEMPLATE = (
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BUILTIN_VERSION = "v2"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A supported hybrid architecture: the config ``model_type`` values it covers and the class names of its GDN
+    and attention modules (the engines' adapters find the modules by them)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    gdn_class: str
+    attn_class: str
+
+
+FAMILIES = (
+    Family("qwen3_next", ("qwen3_next",), "Qwen3NextGatedDeltaNet", "Qwen3NextAttention"),
+    Family("qwen3_5", ("qwen3_5", "qwen3_5_text"), "Qwen3_5GatedDeltaNet", "Qwen3_5Attention"),
+)
+SUPPORTED_MODEL_TYPES = tuple(t for fam in FAMILIES for t in fam.model_types)
+#: The attention implementation models are loaded with: transformers' own. An engine that needs its own switches
+#: the model to it (the torch engine: :func:`kvbench.engines.attention.register_attention`), so loading a model
+#: registers nothing and this module imports no engine.
+LOAD_ATTENTION = "sdpa"
 
 
 def byte_tokenizer():
@@ -171,11 +191,11 @@ DEFAULT_LENGTH = 4096  # --length of generated benches when the model states no 
 
 
 def build_random(config, seed: int = 0):
-    """Seeded random-init causal LM from a config (float32), using the kvbench attention function."""
+    """Seeded random-init causal LM from a config (float32), with transformers' attention (:data:`LOAD_ATTENTION`)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=register_attention(), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=LOAD_ATTENTION, dtype=torch.float32)
     return model.eval()
 
 
@@ -333,7 +353,7 @@ def load_model(
     else:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, attn_implementation=register_attention(), dtype=torch_dtype
+                config, attn_implementation=LOAD_ATTENTION, dtype=torch_dtype
             )
         model.eval()
         sha = cached_fingerprint(path, name_or_path, torch_dtype, tokenizer)
@@ -344,7 +364,7 @@ def _load_weights(path: str, name: str, dtype: torch.dtype, device: str) -> torc
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_attention(), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=LOAD_ATTENTION, dtype=dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated or corrupt weights file
         raise ModelError(f"--model {name}: cannot load its weights ({_one_line(exc)})") from None
     model = model.to(device).eval()

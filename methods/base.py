@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from kvbench import budgets
+from kvbench import allocations, budgets
 from kvbench.errors import KvbenchError
 from kvbench.methods import METHODS
 from kvbench.registry import RegistryError, UnknownNameError
@@ -59,7 +59,7 @@ class EvictionMethod(ABC):
 
     name: ClassVar[str] = ""
     default_allocation: ClassVar[str] = "flat"
-    allocations: ClassVar[Collection[str]] = budgets.ALLOCATIONS
+    allocations: ClassVar[Collection[str]] = allocations.ALLOCATIONS
     fixed_p: ClassVar[float | None] = None
     extra_passes: ClassVar[bool] = False
     query_window: ClassVar[int] = 0
@@ -163,8 +163,8 @@ class EvictionMethod(ABC):
 
     def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
         """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``: the registered
-        :class:`~kvbench.budgets.Allocation` selects, given :meth:`gate_means` when it declares it needs them."""
-        chosen = budgets.get_allocation(allocation)
+        :class:`~kvbench.allocations.Allocation` selects, given :meth:`gate_means` when it declares it needs them."""
+        chosen = allocations.get_allocation(allocation)
         weights = self.gate_means(parent) if chosen.needs_gate_means else None
         return chosen.select(scores, parent.n, parent.prot, p, weights)
 
@@ -190,11 +190,11 @@ def check_method(name: str, cls: object) -> None:
         raise RegistryError(f"method {name!r}: {cls!r} is not an EvictionMethod subclass")
     if cls.query_aware != issubclass(cls, QueryAwareMethod):
         raise RegistryError(f"{cls.__name__}: a query-aware method subclasses QueryAwareMethod (query_aware = True)")
-    unknown = set(cls.allocations) - set(budgets.ALLOCATIONS)
+    unknown = set(cls.allocations) - set(allocations.ALLOCATIONS)
     if unknown or cls.default_allocation not in cls.allocations:
         raise RegistryError(
             f"{cls.__name__}: bad allocations {tuple(cls.allocations)} / default {cls.default_allocation!r} (known "
-            f"allocations: {', '.join(budgets.ALLOCATIONS)})"
+            f"allocations: {', '.join(allocations.ALLOCATIONS)})"
         )
 
 

@@ -19,7 +19,7 @@ import torch
 from kvbench.methods import QuestionInput, get_method
 from kvbench.models import load_model
 from kvbench.prompt import prompt_length, render
-from kvbench.runner import make_engine
+from kvbench.run.loop import make_engine
 from kvbench.tasks import BENCHES
 
 

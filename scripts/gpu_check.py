@@ -136,7 +136,7 @@ def check_torch_engine(model: str, device: str, limit: int) -> dict:
 
     from kvbench.methods import get_method
     from kvbench.models import load_model
-    from kvbench.runner import make_engine
+    from kvbench.run.loop import make_engine
 
     result: dict = {"model": model, "device": device, "dtype": "float32", "items": limit}
     per_device = {}

@@ -14,7 +14,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from kvbench.results_read import read_results
+from kvbench.results.read import read_results
 from kvbench.tasks.scbench_generate import MF_KINDS, mf_kinds
 
 

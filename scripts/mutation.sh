@@ -5,9 +5,9 @@
 #   bash scripts/mutation.sh [GROUP ...]       (default: budgets scorers; "all" for every group)
 #
 # Groups (modules mutated <- the tests that may kill them):
-#   budgets   kvbench/budgets.py                      <- test_budgets, test_methods_invariants
+#   budgets   kvbench/budgets.py kvbench/allocations.py <- test_budgets, test_methods_invariants
 #   scorers   scorers/*.py                            <- test_scorers, test_scbench_scorers, test_scbench_official_scorers
-#   results   kvbench/results*.py, kvbench/rows.py    <- test_results, test_results_edges, test_results_upgrade,
+#   results   kvbench/results/*.py, kvbench/rows.py   <- test_results, test_results_edges, test_results_upgrade,
 #                                                        test_rows, test_store_cli
 #   methods   methods/*.py, gatesight/{features,      <- test_methods_*, test_budgets, test_gatesight, test_oracle
 #             estimator,method}.py: what runs when a      (not its two CLI runs), test_triattention_trig
@@ -40,11 +40,11 @@ if ! "$VENV/bin/python" -c "import mutmut" 2>/dev/null; then
 fi
 
 declare -A MUTATE TESTS
-MUTATE[budgets]="kvbench/budgets.py"
+MUTATE[budgets]="kvbench/budgets.py kvbench/allocations.py"
 TESTS[budgets]="tests/test_budgets.py tests/test_methods_invariants.py"
 MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"
-MUTATE[results]="kvbench/results*.py kvbench/rows.py"
+MUTATE[results]="kvbench/results/*.py kvbench/rows.py"
 TESTS[results]="tests/test_results.py tests/test_results_edges.py tests/test_results_upgrade.py tests/test_rows.py
   tests/test_store_cli.py"
 MUTATE[methods]="kvbench/methods/*.py kvbench/methods/gatesight/features.py kvbench/methods/gatesight/estimator.py

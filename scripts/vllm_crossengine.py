@@ -103,7 +103,7 @@ def _run_items(engine, methods, window: int, items: list[dict], name: str) -> No
 def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
     from kvbench.methods import get_method
     from kvbench.models import load_model
-    from kvbench.runner import make_engine
+    from kvbench.run.loop import make_engine
 
     lm = load_model(model, dtype="bfloat16")
     length = lm.context_length or 1024

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvbench import budgets
+from kvbench import allocations, budgets
 from kvbench.artifacts import ReadOnce
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod
@@ -42,18 +42,19 @@ def test_builtin_allocations_select_exactly_as_the_primitives():
     for p in (0.9, 0.5, 0.3, 0.1):
         k = budgets.per_head_budget(n, prot, p)
         expected = {
-            "flat": budgets.select_per_head(scores, budgets.flat(k, 3), prot),
-            "pyramid": budgets.select_per_head(scores, budgets.pyramid(k, 3, n - prot), prot),
-            "gate": budgets.select_per_head(scores, budgets.gate(k, weights, n - prot), prot),
+            "flat": budgets.select_per_head(scores, allocations.flat(k, 3), prot),
+            "pyramid": budgets.select_per_head(scores, allocations.pyramid(k, 3, n - prot), prot),
+            "gate": budgets.select_per_head(scores, allocations.gate(k, weights, n - prot), prot),
             "global": budgets.select_global(scores, budgets.total_budget(n, prot, p, 3, 2), prot),
         }
         for name, kept in expected.items():
-            chosen = budgets.get_allocation(name)
+            chosen = allocations.get_allocation(name)
             got = chosen.select(scores, n, prot, p, weights if chosen.needs_gate_means else None)
             assert _as_lists(got) == _as_lists(kept), (name, p)
-    assert [budgets.get_allocation(a).needs_gate_means for a in budgets.ALLOCATIONS] == [False, False, True, False]
-    assert isinstance(budgets.get_allocation("global"), budgets.GlobalAllocation)
-    assert not isinstance(budgets.get_allocation("global"), budgets.LayerAllocation)
+    needs = [allocations.get_allocation(a).needs_gate_means for a in allocations.ALLOCATIONS]
+    assert needs == [False, False, True, False]
+    assert isinstance(allocations.get_allocation("global"), allocations.GlobalAllocation)
+    assert not isinstance(allocations.get_allocation("global"), allocations.LayerAllocation)
 
 
 class _Method(EvictionMethod):
@@ -71,7 +72,7 @@ class _Method(EvictionMethod):
 PARENT = SimpleNamespace(n=40, prot=4, n_attn_layers=3, n_kv_heads=2)
 
 
-class _Recording(budgets.LayerAllocation):
+class _Recording(allocations.LayerAllocation):
     """Flat counts; records the gate means it was given."""
 
     def __init__(self, needs: bool) -> None:
@@ -84,12 +85,12 @@ class _Recording(budgets.LayerAllocation):
 
 
 def _registry_with(monkeypatch, **added) -> None:
-    """``budgets.ALLOCATIONS`` replaced by the built-ins plus ``added`` (name -> object)."""
-    table = {"flat": "kvbench.budgets:FLAT", "gate": "kvbench.budgets:GATE", "global": "kvbench.budgets:GLOBAL"}
-    registry = Registry("allocation", "kvbench.test-none", table, check=budgets._check_allocation)
+    """``allocations.ALLOCATIONS`` replaced by the built-ins plus ``added`` (name -> object)."""
+    table = {name: f"kvbench.allocations:{name.upper()}" for name in ("flat", "gate", "global")}
+    registry = Registry("allocation", "kvbench.test-none", table, check=allocations._check_allocation)
     for name, obj in added.items():
         registry.add(name.replace("_", "-"), obj, "a test")
-    monkeypatch.setattr(budgets, "ALLOCATIONS", registry)
+    monkeypatch.setattr(allocations, "ALLOCATIONS", registry)
 
 
 def test_an_allocation_declaring_needs_gate_means_gets_the_methods(monkeypatch):
@@ -122,11 +123,12 @@ def test_a_plugin_allocation_breaking_the_budget_is_named_when_a_method_selects(
 
 
 def test_the_registry_holds_allocations_only():
-    for bad in (42, budgets.LayerAllocation, budgets.GlobalAllocation):
+    for bad in (42, allocations.LayerAllocation, allocations.GlobalAllocation):
         with pytest.raises(RegistryError, match="is neither an Allocation instance nor a counts function"):
-            budgets.ALLOCATIONS.add("not-an-allocation", bad, "a test")
-    assert "not-an-allocation" not in budgets.ALLOCATIONS
-    assert budgets.ALLOCATIONS.get("pyramid") is budgets.PYRAMID and budgets.PYRAMID(10, 3, 100) == [17, 9, 4]
+            allocations.ALLOCATIONS.add("not-an-allocation", bad, "a test")
+    assert "not-an-allocation" not in allocations.ALLOCATIONS
+    assert allocations.ALLOCATIONS.get("pyramid") is allocations.PYRAMID
+    assert allocations.PYRAMID(10, 3, 100) == [17, 9, 4]
 
 
 def test_prepare_offline_refuses_an_artifact_method_that_cannot_make_its_artifact(tmp_path):

@@ -18,7 +18,8 @@ from kvbench.methods import get_method
 from kvbench.methods.gatesight.estimator import ARTIFACT_ENV, WEIGHTS_FILE, load_artifact, save_artifact
 from kvbench.methods.triattention import TriAttention, TriAttentionStats, load_stats, save_stats
 from kvbench.report.data import frame, load
-from kvbench.results import ResultsStore, read_results
+from kvbench.results.read import read_results
+from kvbench.results.store import ResultsStore
 from tests.test_cli import kvbench
 from tests.test_results import make_row
 

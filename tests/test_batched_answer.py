@@ -18,7 +18,7 @@ from kvbench.engines.batch_kv import BatchKV, bucket_bounds
 from kvbench.engines.torch_engine import TorchEngine, TorchParent, share_groups
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import load_model
-from kvbench.runner import RunConfig
+from kvbench.run.plan import RunConfig
 from tests.conftest import tiny_model
 
 N_CTX = 300

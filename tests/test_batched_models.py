@@ -11,10 +11,11 @@ import json
 
 import pytest
 
-from kvbench import budgets, runner
+from kvbench import allocations
 from kvbench.methods import BUILTIN_METHODS
 from kvbench.models import load_model
-from kvbench.runner import RunConfig
+from kvbench.run import loop as runner
+from kvbench.run.plan import RunConfig
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def test_every_method_and_allocation_batched_equals_one_at_a_time(tmp_path, mode
         # list_methods(): other test modules register methods (one raises by design) in the same process
         dict(methods=list(BUILTIN_METHODS), allocations=None),
         # every allocation, on methods that take any
-        dict(methods=["snapkv", "keydiff"], allocations=list(budgets.ALLOCATIONS)),
+        dict(methods=["snapkv", "keydiff"], allocations=list(allocations.ALLOCATIONS)),
     ]
     for i, extra in enumerate(configs):
         base = dict(bench="ruler", tasks=["niah_single_1", "vt"], ps=[0.5, 0.1], model=model, limit=1, **extra)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench import budgets
+from kvbench import allocations, budgets
 from kvbench.errors import KvbenchError
 
 
@@ -34,42 +34,42 @@ def test_protected_length_is_capped():
 def test_pyramid_hand_worked():
     # k = 100, L = 4, beta = 20: k_min = 5, k_max = 195, step 63.33: 195, 131.67, 68.33, 5 (sum 400).
     # Floors 195, 131, 68, 5 = 399; the one left goes to the largest remainder (.67, layer 1).
-    assert budgets.pyramid(100, 4, capacity=1000) == [195, 132, 68, 5]
+    assert allocations.pyramid(100, 4, capacity=1000) == [195, 132, 68, 5]
     # k = 40: k_min = 2 < 4 -> last layer lifted to 4, the deficit taken from the others in proportion.
-    got = budgets.pyramid(40, 4, capacity=1000)
+    got = allocations.pyramid(40, 4, capacity=1000)
     assert got[-1] == 4 and sum(got) == 160 and got == sorted(got, reverse=True)
     # capacity binds: 2k - k/20 = 195 > 120, so PyramidKV's rule: k_max = 120, k_min = 2k - 120 = 80, linear:
     # 120, 106.67, 93.33, 80 -> floors sum to 399, the one left to the largest remainder (.67, layer 1).
-    assert budgets.pyramid(100, 4, capacity=120) == [120, 107, 93, 80]
-    assert budgets.pyramid(7, 1, capacity=10) == [7]
+    assert allocations.pyramid(100, 4, capacity=120) == [120, 107, 93, 80]
+    assert allocations.pyramid(7, 1, capacity=10) == [7]
 
 
 def test_pyramid_above_the_cap_follows_pyramidkv():
     # issue 18: 3 attention layers, body 1,000, p = 0.7 -> k = 700, 2k - k/20 = 1365 > 1000:
     # max_num = body = 1000, min_num = 2k - body = 400, linear in between (the old water filling gave 1000, 1000, 100).
     k = budgets.per_head_budget(1000, 0, 0.7)
-    assert budgets.pyramid(k, 3, capacity=1000) == [1000, 700, 400]
+    assert allocations.pyramid(k, 3, capacity=1000) == [1000, 700, 400]
     # 16 layers, body 4,075, p = 0.9: k = 3,667.5 -> 3,668; max 4,075, min 2 * 3,668 - 4,075 = 3,261 (was 539).
     k = budgets.per_head_budget(4075 + 12, 12, 0.9)
     assert k == 3668
-    got = budgets.pyramid(k, 16, capacity=4075)
+    got = allocations.pyramid(k, 16, capacity=4075)
     assert got[0] == 4075 and got[-1] == 3261 and sum(got) == 16 * 3668
     step = (4075 - 3261) / 15
     assert all(abs(c - (4075 - f * step)) < 1 for f, c in enumerate(got))
     # k == body (p = 1): every layer keeps the whole body
-    assert budgets.pyramid(50, 5, capacity=50) == [50] * 5
+    assert allocations.pyramid(50, 5, capacity=50) == [50] * 5
 
 
 def test_gate_largest_remainder_hand_worked():
     # w = 0.5, 0.3, 0.2 of 3*10 = 30: shares 15, 9, 6 -> exact.
-    assert budgets.gate(10, [0.5, 0.3, 0.2], capacity=100) == [15, 9, 6]
+    assert allocations.gate(10, [0.5, 0.3, 0.2], capacity=100) == [15, 9, 6]
     # w = 1, 1, 1 of 3*7 = 21 -> 7 each; w = 2, 1, 1 of 3*5 = 15: 7.5, 3.75, 3.75 -> floors 7, 3, 3 (13),
     # two left: largest remainders .75 (layer 1), .75 (layer 2) -> 7, 4, 4.
-    assert budgets.gate(7, [1, 1, 1], capacity=100) == [7, 7, 7]
-    assert budgets.gate(5, [2, 1, 1], capacity=100) == [7, 4, 4]
+    assert allocations.gate(7, [1, 1, 1], capacity=100) == [7, 7, 7]
+    assert allocations.gate(5, [2, 1, 1], capacity=100) == [7, 4, 4]
     # w = 4, 1, 1 of 15: shares 10, 2.5, 2.5; capacity 8 pins layer 0 at 8, the other 7 are shared
     # 3.5 / 3.5 -> floors 3, 3 and the tie goes to the lower index.
-    assert budgets.gate(5, [4, 1, 1], capacity=8) == [8, 4, 3]
+    assert allocations.gate(5, [4, 1, 1], capacity=8) == [8, 4, 3]
 
 
 @settings(max_examples=200, deadline=None)
@@ -95,7 +95,7 @@ def test_apportion_invariants(weights, per_layer, capacity, lo):
 @given(k=st.integers(0, 400), L=st.integers(1, 16), extra=st.integers(0, 400))
 def test_pyramid_invariants(k, L, extra):
     capacity = k + extra
-    counts = budgets.pyramid(k, L, capacity=capacity)
+    counts = allocations.pyramid(k, L, capacity=capacity)
     assert sum(counts) == k * L
     assert all(min(4, k) <= c <= capacity for c in counts)
     assert counts == sorted(counts, reverse=True)
@@ -192,11 +192,11 @@ def test_ties_are_identical_on_cpu_and_gpu():
 
 
 def test_layer_counts_dispatch_and_errors():
-    assert budgets.layer_counts("flat", 9, 3, 100) == [9, 9, 9]
+    assert allocations.layer_counts("flat", 9, 3, 100) == [9, 9, 9]
     with pytest.raises(KvbenchError, match="gate mean"):
-        budgets.layer_counts("gate", 9, 3, 100)
+        allocations.layer_counts("gate", 9, 3, 100)
     with pytest.raises(KvbenchError, match="valid allocations"):
-        budgets.layer_counts("nope", 9, 3, 100)
+        allocations.layer_counts("nope", 9, 3, 100)
 
 
 # --- edges and messages (survivors of the mutation run, docs/testing.md) --------------------------------------
@@ -226,16 +226,16 @@ def test_keep_all_and_global_counts():
     assert len(kept) == 2 and all(len(heads) == 3 for heads in kept)
     assert all(k.dtype == torch.long and k.tolist() == [0, 1, 2, 3, 4] for heads in kept for k in heads)
     with pytest.raises(ValueError, match="^the global allocation has no per-layer counts; use select_global$"):
-        budgets.global_counts(5, 2, 10)
+        allocations.global_counts(5, 2, 10)
     with pytest.raises(ValueError, match="no per-layer counts"):
-        budgets.layer_counts("global", 5, 2, 10)
+        allocations.layer_counts("global", 5, 2, 10)
 
 
 def test_gate_lets_a_closed_layer_keep_nothing():
-    assert budgets.gate(6, [0.0, 1.0, 2.0], capacity=100) == [0, 6, 12]
-    assert budgets.layer_counts("gate", 6, 3, 100, [0.0, 1.0, 2.0]) == [0, 6, 12]  # a count of 0 is valid
+    assert allocations.gate(6, [0.0, 1.0, 2.0], capacity=100) == [0, 6, 12]
+    assert allocations.layer_counts("gate", 6, 3, 100, [0.0, 1.0, 2.0]) == [0, 6, 12]  # a count of 0 is valid
     with pytest.raises(KvbenchError) as err:
-        budgets.gate_counts(6, 3, 100, [1.0, 2.0])
+        allocations.gate_counts(6, 3, 100, [1.0, 2.0])
     assert str(err.value) == "the gate allocation needs one gate mean per attention layer"
 
 
@@ -261,15 +261,15 @@ def test_layer_counts_refuses_a_plugin_allocation_that_breaks_the_budget(monkeyp
             return f"entry point mypkg:{name}"
 
     for counts in ([18], [9, 8], [10, 9, -1], [9, 9, 0, 0], [20, -2, 0]):  # 3 layers, k = 6, capacity 10
-        monkeypatch.setattr(budgets, "ALLOCATIONS", OneAllocation(counts))
+        monkeypatch.setattr(allocations, "ALLOCATIONS", OneAllocation(counts))
         with pytest.raises(KvbenchError) as err:
-            budgets.layer_counts("bad", 6, 3, 10)
+            allocations.layer_counts("bad", 6, 3, 10)
         assert str(err.value) == (
             f"allocation 'bad' (entry point mypkg:bad) gave per-layer counts {counts} for k=6, 3 layers, "
             "capacity 10: expected 3 counts in [0, 10] summing to 18"
         )
-    monkeypatch.setattr(budgets, "ALLOCATIONS", OneAllocation([0, 10, 8]))
-    assert budgets.layer_counts("bad", 6, 3, 10) == [0, 10, 8]
+    monkeypatch.setattr(allocations, "ALLOCATIONS", OneAllocation([0, 10, 8]))
+    assert allocations.layer_counts("bad", 6, 3, 10) == [0, 10, 8]
 
 
 def test_selection_refuses_mismatched_inputs_by_name():

@@ -11,7 +11,8 @@ import torch
 
 from kvbench import budgets, cli
 from kvbench.methods import EvictionMethod, register_method
-from kvbench.results import ResultsStore, read_results
+from kvbench.results.read import read_results
+from kvbench.results.store import ResultsStore
 
 LENGTH = "900"  # byte tokenizer: room for a few haystack lines plus 128 generated tokens
 # The suite runs the random-weight byte-tokenizer model (fast); tests/test_builtin_model.py covers the default.

@@ -20,7 +20,7 @@ from kvbench import budgets
 from kvbench.engines.attention import ATTN_IMPL, RaggedKV, kvbench_sdpa
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, ProtocolError
-from kvbench.runner import RunConfig
+from kvbench.run.plan import RunConfig
 from tests.conftest import tiny_model
 from tests.fakes import MaskingTorchEngine
 
@@ -323,9 +323,9 @@ def test_global_allocation_stores_exactly_the_kept_bytes(engine):
 def test_masking_engine_forks_are_not_real_and_reports_exclude_them(tmp_path, monkeypatch):
     """An engine that only masks (tests/fakes.py) answers like a real fork, but its child holds the parent's
     storage: real_fork is false in its stats, in the rows the runner writes, and the report drops them."""
-    from kvbench import runner
     from kvbench.models import load_model
     from kvbench.report import render_markdown, summarize
+    from kvbench.run import loop as runner
 
     lm = load_model("tiny-random")
     masking, real = MaskingTorchEngine(lm.model, lm.tokenizer), TorchEngine(lm.model, lm.tokenizer)
@@ -479,7 +479,14 @@ def test_bad_kept_sets_are_rejected():
 
 
 def test_engine_uses_kvbench_attention(family):
-    assert tiny_model(family).config._attn_implementation == ATTN_IMPL
+    """A model is built (and loaded) with transformers' attention, and the torch engine switches it to kvbench's:
+    the model loader imports no engine."""
+    from kvbench.models import LOAD_ATTENTION, build_random
+    from tests.conftest import FAMILIES
+
+    model = build_random(FAMILIES[family](), seed=0)
+    assert model.config._attn_implementation == LOAD_ATTENTION
+    assert TorchEngine(model).model.config._attn_implementation == ATTN_IMPL
 
 
 def test_attention_is_registered_explicitly_and_idempotently():

@@ -16,7 +16,8 @@ from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, method_class
 from kvbench.models import load_model
 from kvbench.registry import Registry, RegistryError
-from kvbench.runner import RunConfig, make_engine, validate
+from kvbench.run.loop import make_engine
+from kvbench.run.plan import RunConfig, validate
 
 
 def test_the_builtin_engines_are_classes_declaring_the_interface():
@@ -133,7 +134,7 @@ def test_the_runner_refuses_an_engine_without_a_required_capability(tmp_path):
 def test_engine_dtypes_decide_the_load_dtype_and_refuse_others() -> None:
     """run_plan.engine_dtype reads the engine class's ``dtypes``: vllm's only dtype is its default, torch keeps
     whatever --dtype says, and a dtype outside an engine's list names the fix."""
-    from kvbench.run_plan import engine_dtype
+    from kvbench.run.plan import engine_dtype
 
     def config(**kw: object) -> RunConfig:
         return RunConfig(methods=["full"], bench="ruler", ps=[1.0], out=Path("unused"), **kw)

@@ -155,7 +155,8 @@ def test_trained_estimator_beats_random_on_held_out_corpora(tmp_path, cache):
     # train on everything, then run the method through the runner (needle, one item, p = 0.5)
     r = invoke("train", "--labels", str(labels), "--batch-size", "32", "--threads", "1")
     assert r.exit_code == 0, r.output
-    from kvbench.runner import RunConfig, run
+    from kvbench.run.loop import run
+    from kvbench.run.plan import RunConfig
 
     torch.manual_seed(0)
     summary = run(

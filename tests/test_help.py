@@ -18,7 +18,7 @@ from kvbench import cli
 from kvbench.distributed import RayOptions
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
 from kvbench.paper.artifacts import ALL_P, Grid, plan
-from kvbench.runner import ANSWER_CONTEXTS
+from kvbench.run.plan import ANSWER_CONTEXTS
 from kvbench_training.data import DEFAULT_CURRICULUM
 from kvbench_training.loop import DEFAULT_STEPS
 from tests.test_cli import kvbench

@@ -22,8 +22,11 @@ from rich.console import Console
 
 from kvbench.errors import MissingDataError
 from kvbench.models import materialize_builtin
-from kvbench.results import ResultsError, check_results_file, read_results
-from kvbench.runner import RunConfig, ShardContexts, shard_contexts
+from kvbench.results.keys import ResultsError
+from kvbench.results.lock import check_results_file
+from kvbench.results.read import read_results
+from kvbench.run.plan import RunConfig
+from kvbench.run.shards import ShardContexts, shard_contexts
 from kvbench.tasks import Bench, Context, Question, register_bench
 from tests.test_cli import kvbench
 from tests.test_results import make_row
@@ -156,7 +159,7 @@ def _lock_is_a_directory(tmp: Path, out: Path) -> None:
 
 def _lock_of_another_user(tmp: Path, out: Path, monkeypatch) -> None:
     """The lock file cannot be opened for writing (another user's; root ignores chmod, so the open is refused)."""
-    import kvbench.results_lock as results_lock
+    import kvbench.results.lock as results_lock
 
     real = os.open
 

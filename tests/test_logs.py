@@ -9,8 +9,8 @@ import re
 
 from rich.progress import Progress
 
-from kvbench import runner
 from kvbench.logs import LineProgress, make_console, make_progress
+from kvbench.run import loop as runner
 from tests.test_cli import MODEL, kvbench
 
 SHA = "bb96e2e1" * 8

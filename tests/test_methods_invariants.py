@@ -16,7 +16,7 @@ import copy
 import pytest
 import torch
 
-from kvbench import budgets
+from kvbench import allocations, budgets
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import QuestionInput, list_methods, method_class
 from kvbench.models import byte_tokenizer
@@ -25,7 +25,7 @@ from tests.conftest import tiny_model
 N, PROT = 240, 12
 FAMILIES = ("qwen3_next", "qwen3_5")
 METHODS = [m for m in list_methods() if not m.startswith("test-")]
-ALLOCATIONS = list(budgets.ALLOCATIONS)
+ALLOCATIONS = list(allocations.ALLOCATIONS)
 _PREPARED: dict = {}
 
 
@@ -58,7 +58,7 @@ def _check_kept(kept, allocation: str, p: float, L: int, H: int) -> None:
     body = [[len(idx) - PROT for idx in heads] for heads in kept]
     assert len(kept) == L and all(len(heads) == H for heads in kept), (allocation, p)
     assert sum(map(sum, body)) == L * H * k, (allocation, p)
-    if isinstance(budgets.get_allocation(allocation), budgets.LayerAllocation):
+    if isinstance(allocations.get_allocation(allocation), allocations.LayerAllocation):
         assert all(len(set(heads)) == 1 for heads in body), "per-head counts differ within a layer"
     for heads in kept:
         for idx in heads:
@@ -114,7 +114,7 @@ def test_allocation_invariants(setup, allocation):
     """Every registered allocation on random scores, given the parent's gate means when it declares it needs them:
     exact budgets at every p, one count per layer for a per-layer allocation, a valid fork, keep-all at p = 1."""
     family, model, tok, parent = setup
-    chosen = budgets.get_allocation(allocation)
+    chosen = allocations.get_allocation(allocation)
     g = torch.Generator().manual_seed(5)
     scores = [torch.rand(parent.n_kv_heads, N, generator=g) for _ in range(parent.n_attn_layers)]
     means = parent.gate_means() if chosen.needs_gate_means else None

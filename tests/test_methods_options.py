@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import kvbench.methods as methods_package
-from kvbench import budgets
 from kvbench.errors import KvbenchError
 from kvbench.methods import (
     METHODS,
@@ -296,7 +295,7 @@ def test_register_method_refuses_unknown_allocations_or_a_default_outside_them(a
             return []
 
     BadAllocations.allocations, BadAllocations.default_allocation = allocations, default
-    known = ", ".join(budgets.ALLOCATIONS)
+    known = ", ".join(allocations.ALLOCATIONS)
     assert known.startswith("flat, pyramid, gate, global")
     message = f"BadAllocations: bad allocations {allocations!r} / default {default!r} (known allocations: {known})"
     with pytest.raises(RegistryError, match=f"^{re.escape(message)}$"):

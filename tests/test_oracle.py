@@ -31,7 +31,8 @@ from kvbench.methods.kv_utility import recompute_attention
 from kvbench.methods.oracle import Oracle, probe_with_values
 from kvbench.models import load_model
 from kvbench.prompt import prompt_length, render
-from kvbench.runner import RunConfig, check_models, run, run_models, validate
+from kvbench.run.loop import run, run_models
+from kvbench.run.plan import RunConfig, check_models, validate
 from kvbench.tasks import get_bench
 from tests.conftest import tiny_model
 
@@ -384,7 +385,7 @@ def test_oracle_through_the_cli_beats_random_on_the_needle(tmp_path, capsys):
 
 
 def test_model_list_runs_each_model_once_into_one_out(tmp_path, capsys, monkeypatch):
-    from kvbench import runner
+    from kvbench.run import loop as runner
     from tests.test_cli import kvbench
 
     loaded = []
@@ -436,7 +437,7 @@ def test_model_list_runs_each_model_once_into_one_out(tmp_path, capsys, monkeypa
     ],
 )
 def test_bad_model_list_fails_before_any_model_loads(tmp_path, monkeypatch, models, message):
-    from kvbench import runner
+    from kvbench.run import loop as runner
 
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     config = RunConfig(methods=["full"], bench="needle", ps=[0.5], out=tmp_path / "x")

@@ -25,8 +25,8 @@ from kvbench.distributed import (
     shard_configs,
 )
 from kvbench.errors import KvbenchError
-from kvbench.results import ROW_KEY
-from kvbench.runner import RunConfig, RunSummary
+from kvbench.results.keys import ROW_KEY
+from kvbench.run.plan import RunConfig, RunSummary
 
 from .test_cli import kvbench
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import budgets
+from kvbench import allocations
 from kvbench.commands import COMMANDS
 from kvbench.engines import ENGINES
 from kvbench.errors import KvbenchError
@@ -211,8 +211,8 @@ def test_every_builtin_table_entry_resolves():
     from kvbench.scorers.scbench import SCORER_NAMES
 
     assert set(SCORER_NAMES) <= set(BUILTIN_SCORERS)  # every SCBench scorer is in the table
-    assert list(budgets.ALLOCATIONS) == ["flat", "pyramid", "gate", "global"]
-    assert budgets.ALLOCATIONS.get("pyramid")(10, 3, 100, None) == budgets.pyramid(10, 3, 100)
+    assert list(allocations.ALLOCATIONS) == ["flat", "pyramid", "gate", "global"]
+    assert allocations.ALLOCATIONS.get("pyramid")(10, 3, 100, None) == allocations.pyramid(10, 3, 100)
     assert ENGINES.names() == ["torch", "vllm"] and all(callable(ENGINES.get(n)) for n in ENGINES)
     import typer
 
@@ -220,12 +220,12 @@ def test_every_builtin_table_entry_resolves():
 
 
 def test_layer_counts_checks_a_plugin_allocations_total(monkeypatch):
-    allocations = Registry("allocation", "kvbench.test-none", {"flat": "kvbench.budgets:flat_counts"})
-    allocations.add("short", lambda k, n_layers, capacity, gate_means: [k] * (n_layers - 1), "a bad plugin")
-    monkeypatch.setattr(budgets, "ALLOCATIONS", allocations)
-    assert budgets.layer_counts("flat", 4, 3, 10) == [4, 4, 4]
+    registry = Registry("allocation", "kvbench.test-none", {"flat": "kvbench.allocations:flat_counts"})
+    registry.add("short", lambda k, n_layers, capacity, gate_means: [k] * (n_layers - 1), "a bad plugin")
+    monkeypatch.setattr(allocations, "ALLOCATIONS", registry)
+    assert allocations.layer_counts("flat", 4, 3, 10) == [4, 4, 4]
     with pytest.raises(KvbenchError, match="'short' \\(a bad plugin\\) gave per-layer counts \\[4, 4\\]"):
-        budgets.layer_counts("short", 4, 3, 10)
+        allocations.layer_counts("short", 4, 3, 10)
 
 
 def test_methods_calibration_and_commands_hooks():

@@ -293,7 +293,7 @@ def test_loads_row_reads_every_line_as_the_standard_library_does():
     import json
     import math
 
-    from kvbench.results import loads_row
+    from kvbench.results.keys import loads_row
 
     lines = [b'{"a": 1, "b": [1.5, -0.0, "x"], "c": {"d": null}}', b'{"a": 123456789012345678901234567890}',
              b'{"a": 1, "a": 2}', b'{"a": NaN}', b'{"a": Infinity}', b'{"a": 1e400}', b'{"a": "\\ud800"}',
@@ -314,7 +314,7 @@ def test_load_equals_frame_of_read_results(tmp_path, monkeypatch):
     import json
 
     from kvbench.report.data import frame, load
-    from kvbench.results import read_results
+    from kvbench.results.read import read_results
     from tests.test_results import make_row
 
     rows = [

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.results import ROW_KEY, ResultsError, ResultsStore, read_results, row_key
+from kvbench.results.keys import ROW_KEY, ResultsError, row_key
+from kvbench.results.read import read_results
+from kvbench.results.store import ResultsStore
 
 
 def make_row(i: int = 0, p: float = 0.5, **extra) -> dict:
@@ -254,7 +256,7 @@ def test_store_reload_round_trip_property(rows):
 
 _WRITER = r"""
 import os, sys, time
-from kvbench.results import ResultsStore
+from kvbench.results.store import ResultsStore
 sys.path.insert(0, {tests!r})
 from test_results import make_row
 out, shard, mode = sys.argv[1], tuple(int(x) for x in sys.argv[2].split("/")), sys.argv[3]
@@ -443,7 +445,7 @@ def test_recorded_artifacts_per_model_and_method(tmp_path):
 def test_full_disk_names_the_file_and_leaves_it_resumable(tmp_path, monkeypatch):
     import errno
 
-    import kvbench.results_store as results_store
+    import kvbench.results.store as results_store
 
     with ResultsStore(tmp_path) as store:
         store.append(make_row(0))

@@ -18,24 +18,17 @@ from pathlib import Path
 
 import pytest
 
-import kvbench.results_lock as results_lock
-import kvbench.results_scan as results_scan
-import kvbench.results_store as results_store
-import kvbench.results_upgrade as results_upgrade
+import kvbench.results.lock as results_lock
+import kvbench.results.scan as results_scan
+import kvbench.results.store as results_store
+import kvbench.results.upgrade as results_upgrade
 from kvbench.methods import declares_no_artifact
-from kvbench.results import (
-    ROW_KEY,
-    FileStats,
-    ResultsError,
-    ResultsStore,
-    file_spans,
-    iter_file,
-    read_results,
-    row_key,
-    upgrade_results,
-)
-from kvbench.results_io import atomic_write, read_file_bytes, read_json
-from kvbench.results_lock import ResultsLock, check_results_file
+from kvbench.results.io import atomic_write, read_file_bytes, read_json
+from kvbench.results.keys import ROW_KEY, ResultsError, row_key
+from kvbench.results.lock import ResultsLock, check_results_file
+from kvbench.results.read import FileStats, file_spans, iter_file, read_results
+from kvbench.results.store import ResultsStore
+from kvbench.results.upgrade import upgrade_results
 from kvbench.rows import Absent, RowKey, _field
 from tests.test_results import make_row
 

@@ -9,8 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvbench.methods import declares_no_artifact, get_method, list_methods
-from kvbench.results import ResultsError, ResultsStore, read_results, row_key, upgrade_results
-from kvbench.results_cli import app
+from kvbench.results.cli import app
+from kvbench.results.keys import ResultsError, row_key
+from kvbench.results.read import read_results
+from kvbench.results.store import ResultsStore
+from kvbench.results.upgrade import upgrade_results
 from tests.test_results import make_row
 
 

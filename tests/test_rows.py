@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import pytest
 
-from kvbench.results import LEGACY_KEY, OPTIONAL_KEY, ROW_KEY, row_key
+from kvbench.results.keys import LEGACY_KEY, OPTIONAL_KEY, ROW_KEY, row_key
 from kvbench.rows import IDENTITY, Absent, Row, RowKey, column_kind, defaults, identity_fields, normal_key
 
 KEY = dict(model="tiny-trained", engine="torch", method="snapkv[window=8]", allocation="uniform", p=0.5,

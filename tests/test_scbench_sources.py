@@ -139,7 +139,7 @@ def test_a_hub_only_task_without_data_exits_2_and_leaves_out_as_it_was(tmp_path,
 
 
 def test_generated_and_hub_rows_have_different_identities():
-    from kvbench.results import row_key
+    from kvbench.results.keys import row_key
 
     base = {k: "x" for k in ("model", "engine", "method", "allocation", "bench", "task", "item", "question")}
     base.update(p=0.5, length=1024, seed=42, context_sha256="s", model_fingerprint="f", artifact_sha256=None)

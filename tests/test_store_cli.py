@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.results import ResultsStore, read_results
+from kvbench.results.read import read_results
+from kvbench.results.store import ResultsStore
 from tests.test_cli import kvbench
 from tests.test_results import make_row, spawn
 
@@ -42,7 +43,7 @@ def _checkpoint_without_weights(tmp: Path) -> None:
 
 def _readonly_results(tmp: Path, monkeypatch) -> None:
     """results.jsonl cannot be opened for writing (root ignores chmod: the open itself is refused)."""
-    import kvbench.results_store as results_store
+    import kvbench.results.store as results_store
 
     real = os.open
 
@@ -151,7 +152,7 @@ def test_settings_that_change_an_answer_get_their_own_rows(tmp_path, capsys):
 
 
 def test_full_disk_mid_run_exits_2_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
-    import kvbench.results_store as results_store
+    import kvbench.results.store as results_store
 
     out = str(tmp_path / "out")
     real = os.write

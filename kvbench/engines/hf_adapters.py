@@ -1,6 +1,6 @@
 """Adapters for the HF transformers hybrid families (Qwen3-Next, Qwen3.5 text).
 
-Each family is one :class:`Family` row: which ``model_type`` values it covers, the class names of its
+Each family is one :class:`kvbench.models.Family` row: which ``model_type`` values it covers, the class names of its
 GDN and attention modules, and the modeling module whose GDN kernels we wrap. During the single prefill
 :class:`Recorder` captures, without changing any computed value:
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -34,23 +33,11 @@ from kvbench.kernel_warnings import (  # noqa: F401 (torch-free for the command 
     KernelWarningFilter,
     quiet_kernel_warnings,
 )
+from kvbench.models import FAMILIES, SUPPORTED_MODEL_TYPES, Family
 
 GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str
-    model_types: tuple[str, ...]
-    gdn_class: str
-    attn_class: str
-
-
-FAMILIES = (
-    Family("qwen3_next", ("qwen3_next",), "Qwen3NextGatedDeltaNet", "Qwen3NextAttention"),
-    Family("qwen3_5", ("qwen3_5", "qwen3_5_text"), "Qwen3_5GatedDeltaNet", "Qwen3_5Attention"),
-)
-SUPPORTED_MODEL_TYPES = tuple(t for fam in FAMILIES for t in fam.model_types)
 
 
 def family_of(model: nn.Module) -> Family:

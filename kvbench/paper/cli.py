@@ -33,7 +33,7 @@ def _timings(dirs: list[Path]):
     """The rows' identity and timing fields of ``dirs`` as a DataFrame (None: no rows)."""
     import pandas as pd
 
-    from kvbench.results import read_results
+    from kvbench.results.read import read_results
 
     cols = ["model", "bench", "task", "item", "method", "allocation", "p", "prefill_s", "score_s", "fork_s", "answer_s"]
     rows = read_results(dirs).rows

@@ -1,7 +1,7 @@
 """Running a plan's grids (torch): each grid on each of its models, one stage at a time with a rich progress
 bar, every output under one directory so that an interrupted ``kvbench paper`` resumes where it stopped:
 
-* run grids -> ``DIR/results`` (one results store, :func:`kvbench.runner.run`; finished rows are skipped);
+* run grids -> ``DIR/results`` (one results store, :func:`kvbench.run.loop.run`; finished rows are skipped);
 * the cost grid -> ``DIR/cost/<model>.json`` (:func:`kvbench.cost.measure_cost`; skipped when present);
 * label grids -> ``DIR/gatesight/<model>/labels-<set>`` and ``dynamics-<set>.json`` (Figure 1's half-life
   statistics, :func:`half_life_stats`), eval grids -> ``DIR/gatesight/<model>/<grid>.json``: GateSight's own label
@@ -44,7 +44,8 @@ def grid_paths(out: Path, grid: Grid, model: str) -> Path:
 
 
 def _run_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
-    from kvbench.runner import RunConfig, run
+    from kvbench.run.loop import run
+    from kvbench.run.plan import RunConfig
 
     config = RunConfig(
         methods=list(grid.methods),

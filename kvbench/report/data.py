@@ -45,15 +45,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from kvbench.results import (
-    FileStats,
-    ResultsRead,
-    duplicates_note,
-    file_spans,
-    iter_file,
-    loads_row,
-    results_files,
-)
+from kvbench.results.keys import loads_row
+from kvbench.results.read import FileStats, ResultsRead, duplicates_note, file_spans, iter_file, results_files
 from kvbench.rows import IDENTITY, P_DECIMALS, column_kind, defaults
 
 __all__ = ["COLUMNS", "SETTING", "frame", "load", "load_manifests", "setting_title", "usable"]

@@ -32,7 +32,7 @@ from rich.text import Text
 
 from kvbench.report.data import SETTING, bench_label, frame, setting_title, usable
 from kvbench.report.tables import FULL, across_groups, model_names, ranked_labels, task_scores
-from kvbench.results import ENDED_EARLY
+from kvbench.results.keys import ENDED_EARLY
 
 __all__ = ["RANDOM_WARNING", "Heading", "as_frame", "choice_notes", "missing_lines", "print_report", "reference_note",
            "render_markdown", "render_rich", "summarize", "write_report"]  # fmt: skip

@@ -68,8 +68,9 @@ def evaluate_quick(
     from rich.console import Console
 
     from kvbench.errors import TooShortError
-    from kvbench.results import ResultsStore
-    from kvbench.runner import RunConfig, run
+    from kvbench.results.store import ResultsStore
+    from kvbench.run.loop import run
+    from kvbench.run.plan import RunConfig
 
     out = Path(out or tempfile.mkdtemp(prefix="kvbench-eval-"))
     for task in tasks:

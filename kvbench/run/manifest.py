@@ -13,7 +13,7 @@ import torch
 
 import kvbench
 from kvbench.models import LoadedModel
-from kvbench.run_plan import RunConfig, planned_methods
+from kvbench.run.plan import RunConfig, planned_methods
 
 
 def model_shape(model: torch.nn.Module) -> dict:

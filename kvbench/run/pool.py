@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from kvbench.engines.base import EngineBase
-from kvbench.run_answer import Asked, asked_of, fork_children, memory_limit, write_rows
-from kvbench.run_plan import ANSWER_CONTEXTS, RunConfig
-from kvbench.run_state import Child, ParentContext, RunState, Unit
+from kvbench.run.answer import Asked, asked_of, fork_children, memory_limit, write_rows
+from kvbench.run.plan import ANSWER_CONTEXTS, RunConfig
+from kvbench.run.state import Child, ParentContext, RunState, Unit
 
 
 def pool_size(config: RunConfig, engine: EngineBase) -> int:

@@ -32,7 +32,7 @@ def results_upgrade(
     original bytes are first saved beside it as <file>.pre-upgrade-<ns>. Afterwards runs resume into the directory
     and reports include its rows; rerun what was removed."""
     from kvbench.methods import declares_no_artifact
-    from kvbench.results import upgrade_results
+    from kvbench.results.upgrade import upgrade_results
 
     for d in dirs:
         for up in upgrade_results(d, declares_no_artifact, dry_run=dry_run):

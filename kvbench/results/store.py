@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvbench.results_io import atomic_write, read_file_bytes, read_json, write_error
-from kvbench.results_keys import (
+from kvbench.results.io import atomic_write, read_file_bytes, read_json, write_error
+from kvbench.results.keys import (
     RESULTS_GLOB,
     RESULTS_NAME,
     ROW_KEY,
@@ -21,8 +21,8 @@ from kvbench.results_keys import (
     results_name,
     row_key,
 )
-from kvbench.results_lock import ResultsLock, check_results_file
-from kvbench.results_scan import Scan, repair_tail, scan_results
+from kvbench.results.lock import ResultsLock, check_results_file
+from kvbench.results.scan import Scan, repair_tail, scan_results
 
 if TYPE_CHECKING:
     from typing_extensions import Self

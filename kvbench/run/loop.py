@@ -1,4 +1,4 @@
-"""The runner: per context, prefill once -> each method scores once -> each (allocation, p) forks a
+"""The runner's loop: per context, prefill once -> each method scores once -> each (allocation, p) forks a
 child -> each question is answered from the child, scored, and appended as one row. A query-aware method
 (``method.query_aware``, e.g. ``oracle``) scores once per question instead and forks per (question, p).
 :func:`run_models` runs one configuration on several models, one after another.
@@ -8,14 +8,10 @@ prefilled), so rerunning an interrupted command resumes it. A row's identity (:c
 includes the resolved length, the seed, the context's SHA-256 and the model fingerprint, so a run with
 other settings never reuses it. ``shard=(i, N)`` keeps the contexts whose 0-based enumeration index ``c``
 satisfies ``c % N == i`` (enumeration: tasks in bench order, then items) and writes its own results file
-(``kvbench.results.results_name``), so the shards of one run may write one ``--out`` at the same time.
+(:func:`kvbench.results.keys.results_name`), so the shards of one run may write one ``--out`` at the same time.
 
-This module is the loop (:func:`run`, one context at a time); its parts live beside it, one idea each, and every
-public name is importable from here too (:data:`__all__`): the configuration, its checks and the plan
-(:mod:`kvbench.run_plan`), the shard's contexts (:mod:`kvbench.run_shards`), the manifest entry
-(:mod:`kvbench.run_manifest`), the methods' artifacts (:mod:`kvbench.run_artifacts`), the state the contexts share
-(:mod:`kvbench.run_state`), scoring, forking and answering (:mod:`kvbench.run_answer`), the answer pool
-(:mod:`kvbench.answer_pool`) and the progress bar (:mod:`kvbench.run_progress`).
+This module is the loop (:func:`run`, one context at a time); its parts live beside it in :mod:`kvbench.run`,
+one idea each (the package's docstring names them).
 """
 
 from __future__ import annotations
@@ -28,69 +24,34 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import budgets
-from kvbench.answer_pool import AnswerPool, pool_size
 from kvbench.engines import ENGINES
 from kvbench.engines.base import EngineBase
 from kvbench.errors import KvbenchError
 from kvbench.logs import make_console, make_progress
 from kvbench.models import LoadedModel, load_model, max_positions
 from kvbench.prompt import Rendered, render
-from kvbench.results import ResultsStore
+from kvbench.results.store import ResultsStore
 from kvbench.rows import P_DECIMALS
-from kvbench.run_answer import Asked, fork_and_answer, memory_limit, run_query_aware, score_parent
-from kvbench.run_artifacts import method_artifacts
-from kvbench.run_manifest import manifest_entry, model_shape
-from kvbench.run_plan import (
-    ANSWER_CONTEXTS,
-    REFERENCE,
-    SEED_LIMIT,
+from kvbench.run.answer import fork_and_answer, memory_limit, run_query_aware, score_parent
+from kvbench.run.artifacts import method_artifacts
+from kvbench.run.manifest import manifest_entry
+from kvbench.run.plan import (
     PlanEntry,
     RunConfig,
     RunSummary,
     check_models,
     check_threads,
     engine_dtype,
-    parse_shard,
-    planned_methods,
     resolve_defaults,
     validate,
 )
-from kvbench.run_progress import ContextsBar
-from kvbench.run_shards import ShardContexts, shard_contexts
-from kvbench.run_state import Child, ParentContext, Pending, RunState, Scored, Unit
+from kvbench.run.pool import AnswerPool, pool_size
+from kvbench.run.progress import ContextsBar
+from kvbench.run.shards import shard_contexts
+from kvbench.run.state import ParentContext, Pending, RunState, Unit
 from kvbench.tasks import Context
 
-#: Every public name of the runner, wherever it is defined now (the modules ``run_*`` and ``answer_pool``).
-__all__ = [
-    "ANSWER_CONTEXTS",
-    "REFERENCE",
-    "SEED_LIMIT",
-    "AnswerPool",
-    "Asked",
-    "Child",
-    "ParentContext",
-    "Pending",
-    "PlanEntry",
-    "RunConfig",
-    "RunState",
-    "RunSummary",
-    "Scored",
-    "ShardContexts",
-    "Unit",
-    "check_models",
-    "check_threads",
-    "make_engine",
-    "manifest_entry",
-    "method_artifacts",
-    "model_shape",
-    "parse_shard",
-    "planned_methods",
-    "resolve_defaults",
-    "run",
-    "run_models",
-    "shard_contexts",
-    "validate",
-]
+__all__ = ["make_engine", "run", "run_models"]
 
 
 def make_engine(engine: str, lm: LoadedModel, length: int, device: str = "cpu") -> EngineBase:
@@ -115,8 +76,18 @@ def run(
     leaves ``--out`` exactly as it was. ``on_progress(summary, total)`` (optional) is called once the shard's
     ``total`` contexts are estimated and after each context (``total`` as far as known then:
     :class:`ShardContexts`)."""
+    return _run_planned(config, validate(config), console, lm, on_progress)
+
+
+def _run_planned(
+    config: RunConfig,
+    plan: list[PlanEntry],
+    console: Console | None = None,
+    lm: LoadedModel | None = None,
+    on_progress: Callable[[RunSummary, int], None] | None = None,
+) -> RunSummary:
+    """``run`` of a configuration already validated into ``plan``."""
     console = console or make_console(stderr=True)
-    plan = validate(config)
     engine_dtype(config)
     with ResultsStore(config.out, config.shard) as store:
         return _run_locked(config, console, lm, plan, store, on_progress)
@@ -213,13 +184,13 @@ def _run_locked(
 def run_models(config: RunConfig, models: Sequence[str | None], console: Console | None = None) -> RunSummary:
     """``config`` once per model of ``models`` (None: the default model), one after another into the same
     ``config.out``: each model is loaded once and released before the next one loads. Rows are told apart by
-    their ``model`` field; the manifest gets one entry per model. The configuration and the list are checked
-    before any model loads."""
+    their ``model`` field; the manifest gets one entry per model. The configuration (:func:`validate`, once for
+    every model: the plan names no model) and the list are checked before any model loads."""
     check_models(models)
-    validate(config)
+    plan = validate(config)
     total = RunSummary()
     for name in models:
-        summary = run(replace(config, model=name), console)
+        summary = _run_planned(replace(config, model=name), plan, console)
         total.rows_written += summary.rows_written
         total.rows_skipped += summary.rows_skipped
         total.contexts += summary.contexts

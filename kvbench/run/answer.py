@@ -16,7 +16,7 @@ from kvbench.engines.base import Answer, AnswerGroup
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, QuestionInput
 from kvbench.rows import Row
-from kvbench.run_state import Child, ParentContext, RunState, Scored, Unit
+from kvbench.run.state import Child, ParentContext, RunState, Scored, Unit
 from kvbench.scorers import score as run_scorer
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvbench.results_keys import ResultsError
+from kvbench.results.keys import ResultsError
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool]:

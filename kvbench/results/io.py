@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.atomic import write_atomic
-from kvbench.results_keys import ResultsError
+from kvbench.results.keys import ResultsError
 
 
 def read_file_bytes(path: Path) -> bytes:

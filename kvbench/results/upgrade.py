@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.results_io import atomic_write, read_file_bytes, write_error
-from kvbench.results_keys import (
+from kvbench.results.io import atomic_write, read_file_bytes, write_error
+from kvbench.results.keys import (
     LEGACY,
     NEW_KEY,
     RESULTS_GLOB,
@@ -22,8 +22,8 @@ from kvbench.results_keys import (
     parse_keyed,
     row_key,
 )
-from kvbench.results_lock import ResultsLock, check_results_file
-from kvbench.results_scan import scan_results
+from kvbench.results.lock import ResultsLock, check_results_file
+from kvbench.results.scan import scan_results
 
 
 @dataclass

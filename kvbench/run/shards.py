@@ -15,8 +15,8 @@ from rich.console import Console
 from kvbench.errors import KvbenchError, MissingDataError, TooShortError
 from kvbench.models import LoadedModel, cache_dir
 from kvbench.prompt import prompt_length
-from kvbench.results_keys import ENDED_EARLY
-from kvbench.run_plan import RunConfig
+from kvbench.results.keys import ENDED_EARLY
+from kvbench.run.plan import RunConfig
 from kvbench.tasks import Context, get_bench
 
 #: What keeps a task from running: its data is absent, or --length cannot hold its smallest context.

@@ -1,6 +1,6 @@
 """The run's progress display (:class:`ContextsBar`): one bar over the shard's contexts, its description the
 context or step running now, its total the shard's contexts as far as known (:attr:`ShardContexts.total`). The
-steps inside a context describe themselves through :meth:`kvbench.run_state.RunState.say`.
+steps inside a context describe themselves through :meth:`kvbench.run.state.RunState.say`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.progress import Progress, TaskID
 
 from kvbench.logs import LineProgress
-from kvbench.run_plan import RunSummary
-from kvbench.run_shards import ShardContexts
+from kvbench.run.plan import RunSummary
+from kvbench.run.shards import ShardContexts
 from kvbench.tasks import Context
 
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.results_keys import LEGACY, ResultsError, parse_keyed
+from kvbench.results.keys import LEGACY, ResultsError, parse_keyed
 
 
 @dataclass

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.results_io import read_json
-from kvbench.results_keys import LEGACY, NEW_KEY, RESULTS_GLOB, RESULTS_NAME, ResultsError, loads_row, parse_keyed
+from kvbench.results.io import read_json
+from kvbench.results.keys import LEGACY, NEW_KEY, RESULTS_GLOB, RESULTS_NAME, ResultsError, loads_row, parse_keyed
 
 
 @dataclass

@@ -18,9 +18,9 @@ from kvbench.logs import LineProgress
 from kvbench.methods import EvictionMethod
 from kvbench.models import LoadedModel
 from kvbench.prompt import Rendered
-from kvbench.results_store import ResultsStore
+from kvbench.results.store import ResultsStore
 from kvbench.rows import RowKey
-from kvbench.run_plan import PlanEntry, RunConfig, RunSummary
+from kvbench.run.plan import PlanEntry, RunConfig, RunSummary
 from kvbench.tasks import Context
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from kvbench import budgets
+from kvbench import allocations, budgets
 from kvbench.engines import ENGINES, engines_for
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, get_method, method_class
@@ -146,8 +146,8 @@ def validate(config: RunConfig) -> list[PlanEntry]:
                 f"unknown task {task!r} for bench {config.bench}; valid tasks: {', '.join(bench.tasks())}"
             )
     for alloc in config.allocations or []:
-        if alloc not in budgets.ALLOCATIONS:
-            raise KvbenchError(f"unknown allocation {alloc!r}; valid allocations: {', '.join(budgets.ALLOCATIONS)}")
+        if alloc not in allocations.ALLOCATIONS:
+            raise KvbenchError(f"unknown allocation {alloc!r}; valid allocations: {', '.join(allocations.ALLOCATIONS)}")
     unused = sorted(set(config.method_options) - set(config.methods))
     if unused:
         raise KvbenchError(f"--set names method(s) {', '.join(unused)}, which --method does not run")

@@ -20,60 +20,10 @@ line lacking one reads); rows written before ``length``, ``seed``, ``context_sha
 ``artifact_sha256`` joined the key ("legacy" rows) are never reused: a writer refuses a file holding them, a
 reader leaves them out and says so.
 
-This module names every public part, each in a module of its own: what a line and its identity are
-(:mod:`kvbench.results_keys`), reading and atomically replacing the directory's files (:mod:`kvbench.results_io`),
-a writer's whole-file scan and crash repair (:mod:`kvbench.results_scan`), the writer's lock
-(:mod:`kvbench.results_lock`), the store (:mod:`kvbench.results_store`), the reader (:mod:`kvbench.results_read`)
-and the upgrade of an older kvbench's rows (:mod:`kvbench.results_upgrade`).
+The package's modules, one idea each: what a line and its identity are (:mod:`kvbench.results.keys`), reading
+and atomically replacing the directory's files (:mod:`kvbench.results.io`), a writer's whole-file scan and crash
+repair (:mod:`kvbench.results.scan`), the writer's lock (:mod:`kvbench.results.lock`), the store
+(:mod:`kvbench.results.store`: :class:`ResultsStore`), the reader (:mod:`kvbench.results.read`:
+:func:`read_results`, :func:`iter_results`), the upgrade of an older kvbench's rows (:mod:`kvbench.results.upgrade`)
+and ``kvbench results`` (:mod:`kvbench.results.cli`). Import a name from the module that defines it.
 """
-
-from __future__ import annotations
-
-from kvbench.results_keys import (
-    ENDED_EARLY,
-    LEGACY_KEY,
-    OPTIONAL_KEY,
-    RESULTS_GLOB,
-    ROW_KEY,
-    ResultsError,
-    loads_row,
-    results_name,
-    row_key,
-)
-from kvbench.results_lock import check_results_file
-from kvbench.results_read import (
-    FileStats,
-    ResultsRead,
-    duplicates_note,
-    file_spans,
-    iter_file,
-    iter_results,
-    read_results,
-    results_files,
-)
-from kvbench.results_store import ResultsStore
-from kvbench.results_upgrade import Upgrade, upgrade_results
-
-__all__ = [
-    "ENDED_EARLY",
-    "LEGACY_KEY",
-    "OPTIONAL_KEY",
-    "RESULTS_GLOB",
-    "ROW_KEY",
-    "ResultsError",
-    "ResultsRead",
-    "ResultsStore",
-    "FileStats",
-    "check_results_file",
-    "duplicates_note",
-    "file_spans",
-    "iter_file",
-    "iter_results",
-    "loads_row",
-    "read_results",
-    "results_files",
-    "results_name",
-    "row_key",
-    "Upgrade",
-    "upgrade_results",
-]

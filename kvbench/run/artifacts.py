@@ -9,7 +9,7 @@ from typing import Sequence
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod
 from kvbench.models import LoadedModel
-from kvbench.results_store import ResultsStore
+from kvbench.results.store import ResultsStore
 
 
 def method_artifacts(
