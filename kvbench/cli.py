@@ -28,7 +28,7 @@ import typer.main
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, os_error
 from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
 
@@ -623,6 +623,14 @@ def _debug_env(debug: bool):
             os.environ[DEBUG_ENV] = before
 
 
+def _exit_site(exc: BaseException) -> str:
+    """``file:line`` where ``exc`` was raised (its traceback's last frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "code inside the command"
+
+
 def main() -> None:
     """Console-script entry point: run the command line, turning user errors into one line and exit code 2
     (with ``--debug``: re-raised, so Python prints the traceback)."""
@@ -633,11 +641,19 @@ def main() -> None:
         with _debug_env(debug), _Sigterm() as sigterm:
             # standalone_mode=False: returns the exit code of an Exit (130 on Ctrl-C)
             code = command_group().main(args, prog_name="kvbench", standalone_mode=False)
-    except KvbenchError as exc:
+    except (KvbenchError, OSError) as exc:  # an OS error no command turned into one line: its path and a fix
         if debug:
             raise
         # one line, never wrapped (an 80-column non-terminal stderr would cut it), markup in it kept literal
-        err_console.print("[bold red]error:[/bold red] " + escape(str(exc)), soft_wrap=True)
+        message = str(os_error(exc) if isinstance(exc, OSError) else exc)
+        err_console.print("[bold red]error:[/bold red] " + escape(message), soft_wrap=True)
+        raise SystemExit(2) from None
+    except SystemExit as exc:  # sys.exit() inside a command (a plugin's): never a silent success
+        if debug or exc.code not in (0, None):
+            raise
+        err_console.print(f"[bold red]error:[/bold red] {escape(_exit_site(exc))} called sys.exit({exc.code!r}) before "
+                          "the command finished; fix or uninstall the code there (--debug shows the traceback)",
+                          soft_wrap=True)  # fmt: skip
         raise SystemExit(2) from None
     except (KeyboardInterrupt, click.exceptions.Abort):
         raise SystemExit(sigterm.exit_code(130)) from None
