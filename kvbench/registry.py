@@ -142,6 +142,10 @@ class Registry(Generic[T]):
             return self._added[name][1]
         raise self._unknown(name)
 
+    def entry_point(self, name: str) -> EntryPoint | None:
+        """The entry point registering ``name`` (a plugin's), or None for a built-in or added entry."""
+        return self._plugins().get(name)
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.names()
 

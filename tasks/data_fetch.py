@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import typer
 
-from kvbench.atomic import move_into_place, sha256_of, write_atomic, write_json
+from kvbench.atomic import check_writable, move_into_place, sha256_of, write_atomic, write_json
 from kvbench.errors import KvbenchError, os_error
 
 #: RULER's commit whose essay URL list is fetched.
@@ -499,6 +499,7 @@ def fetch_command(
     if base is None:
         raise KvbenchError("kvbench data fetch: give --data-dir DIR (or set KVBENCH_DATA_DIR) for the data to go to")
     root = Path(base).expanduser()
+    check_writable(root, "--data-dir")  # before any connection
     console = make_console(stderr=True)
     files = fetch(what, root, console)
     console.print(f"done: {len(files)} files recorded in {root / RECORD}; run with --data-dir {root}",
