@@ -37,7 +37,7 @@ def os_error(exc: OSError, fix: str | None = None, path: object = None) -> Kvben
     import errno
 
     where = path if path is not None else exc.filename
-    reason = exc.strerror or str(exc) or type(exc).__name__
+    reason = " ".join((exc.strerror or str(exc) or type(exc).__name__).split())  # one line, whatever the library wrote
     if fix is None:
         code = exc.errno
         if code in (errno.EACCES, errno.EPERM, errno.EROFS):

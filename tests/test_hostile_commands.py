@@ -229,6 +229,20 @@ def test_the_other_commands_work_beside_a_broken_plugin(broken_plugin, capsys):
     assert "'exiter'" in line and "'raiser'" in line and "pip uninstall exitplug" in line, line
 
 
+def test_a_command_plugin_that_exits_on_import_is_one_line(tmp_path, monkeypatch, capsys):
+    from kvbench.commands import COMMANDS
+
+    site = write_dist(tmp_path / "site", "cmdplug", {"kvbench.commands": {"mycmd": "cmdplug:app"}},
+                      {"cmdplug.py": "import sys\nsys.exit(0)\n"})  # fmt: skip
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(COMMANDS, "_entry_points", None)
+    assert kvbench("mycmd", "--help") == 2
+    line = _one_error(capsys.readouterr().err)
+    assert "entry point 'mycmd' (entry point cmdplug:app (dist cmdplug 0.1))" in line, line
+    assert "it called sys.exit(0)" in line and "`pip uninstall cmdplug`" in line, line
+    assert kvbench("list", "engines") == 0 and "torch" in capsys.readouterr().out  # the others still work
+
+
 def test_a_plugin_clash_names_the_pip_uninstall_that_fixes_it(tmp_path, monkeypatch, capsys):
     site = write_dist(tmp_path / "site", "myplugin", {"kvbench.methods": {"snapkv": "myplugin:KeyNorm"}},
                       {"myplugin/__init__.py": KEYNORM})  # fmt: skip
