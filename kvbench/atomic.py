@@ -14,6 +14,7 @@ module writes through it (``tests/test_atomic_only.py`` checks). One function pe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["move_into_place", "write_atomic", "write_dir", "write_json", "write_with"]
+__all__ = ["check_writable", "move_into_place", "sha256_of", "write_atomic", "write_dir", "write_json", "write_with"]
 
 
 def write_atomic(path: Path | str, data: str | bytes) -> None:
@@ -110,3 +111,30 @@ def move_into_place(tmp: Path | str, path: Path | str) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def check_writable(path: Path | str, option: str) -> None:
+    """Refuse, before any work, a ``path`` (a file or folder an option names, created later with its parents)
+    that cannot be written: its nearest existing ancestor is not a folder this user may write into. The
+    :class:`~kvbench.errors.KvbenchError` names the option, the path and the fix."""
+    from kvbench.errors import KvbenchError
+
+    path = Path(path).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and existing != path and not existing.is_dir():
+        raise KvbenchError(f"{option} {path}: {existing} is a file, not a folder; choose another {option}")
+    folder = existing if existing.is_dir() else existing.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise KvbenchError(f"{option} {path}: {folder} is not writable by this user (read-only or permission denied); "
+                           f"make it writable or choose another {option}")  # fmt: skip
+
+
+def sha256_of(path: Path | str) -> str:
+    """The sha256 (hex) of the file at ``path`` (how a written or fetched file is checked later)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

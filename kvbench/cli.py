@@ -20,7 +20,7 @@ import sys
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 import typer
@@ -28,7 +28,7 @@ import typer.main
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, os_error
 from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
 
@@ -247,50 +247,71 @@ class ListWhat(str, Enum):
 
 @app.command("list")
 def list_(
-    what: ListWhat = typer.Argument(..., help="methods | benches | models | allocations | engines | scorers"),
+    what: Optional[ListWhat] = typer.Argument(
+        None, help="methods | benches | models | allocations | engines | scorers (default: all of them)"
+    ),
 ) -> None:
-    """List what can be named on the command line (plugins included, each with where it comes from)."""
+    """List what can be named on the command line (plugins included, each with where it comes from). A plugin
+    that fails to load is named in one error line after the others are listed (exit status 2)."""
+    from kvbench.registry import RegistryError
+
+    broken: list[str] = []
+    for kind in [what] if what is not None else list(ListWhat):
+        if what is None:
+            console.print(f"[bold]{kind.value}[/bold]")
+        for show in _listing(kind):
+            try:
+                show()
+            except RegistryError as exc:  # the rest is still listed
+                broken.append(str(exc))
+    if broken:
+        raise KvbenchError(" | ".join(broken))
+
+
+def _listing(what: ListWhat) -> list[Callable[[], None]]:
+    """A function printing its lines for every entry of ``what``: the names read without importing any entry,
+    each entry imported by its own call (so one broken plugin does not hide the rest)."""
+    from kvbench.allocations import ALLOCATIONS
+    from kvbench.engines import ENGINES
+    from kvbench.methods import METHODS
+    from kvbench.scorers import SCORERS
+    from kvbench.tasks import BENCHES
+
+    if what is ListWhat.models:
+        return [_list_models]
+    registry = {ListWhat.methods: METHODS, ListWhat.benches: BENCHES, ListWhat.allocations: ALLOCATIONS,
+                ListWhat.engines: ENGINES, ListWhat.scorers: SCORERS}[what]  # fmt: skip
+    names = sorted(registry.names()) if what in (ListWhat.methods, ListWhat.benches) else registry.names()
+    return [lambda name=name: _list_entry(what, name, registry) for name in names]
+
+
+def _list_models() -> None:
+    from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL
+
+    for name, spec in BUILTIN_MODELS.items():
+        default = " (default)" if name == DEFAULT_MODEL else ""
+        console.print(f"{name:22} {spec.description}{default}")
+    console.print("or a local model directory / hub id of type qwen3_next, qwen3_5 or qwen3_5_text")
+
+
+def _list_entry(what: ListWhat, name: str, registry) -> None:
+    """The line(s) of entry ``name`` of ``registry`` (imported now), with where it comes from."""
+    obj, source = registry.get(name), f"[dim]{registry.source(name)}[/dim]"
     if what is ListWhat.methods:
-        from kvbench.methods import METHODS, list_methods, method_class
-
-        for name in list_methods():
-            cls = method_class(name)
-            doc, source = _first_line(cls), METHODS.source(name)
-            console.print(f"{name:14} default allocation: {cls.default_allocation:8} {doc}  [dim]{source}[/dim]")
-            for option, help_ in sorted(cls.options.items()):
-                console.print(f"{'':14} --set {name}.{option}=… (default {getattr(cls, option)!r}): {help_}")
+        console.print(f"{name:14} default allocation: {obj.default_allocation:8} {_first_line(obj)}  {source}")
+        for option, help_ in sorted(obj.options.items()):
+            console.print(f"{'':14} --set {name}.{option}=… (default {getattr(obj, option)!r}): {help_}")
     elif what is ListWhat.benches:
-        from kvbench.tasks import BENCHES, get_bench, list_benches
+        from kvbench.tasks import get_bench
 
-        for name in list_benches():
-            b = get_bench(name)
-            source = BENCHES.source(name)
-            console.print(f"{name:14} tasks: {', '.join(b.tasks())}  {b.description}  [dim]{source}[/dim]")
-    elif what is ListWhat.models:
-        from kvbench.models import BUILTIN_MODELS, DEFAULT_MODEL
-
-        for name, spec in BUILTIN_MODELS.items():
-            default = " (default)" if name == DEFAULT_MODEL else ""
-            console.print(f"{name:22} {spec.description}{default}")
-        console.print("or a local model directory / hub id of type qwen3_next, qwen3_5 or qwen3_5_text")
-    elif what is ListWhat.allocations:
-        from kvbench.allocations import ALLOCATIONS
-
-        for name in ALLOCATIONS:
-            console.print(f"{name:14} {_first_line(ALLOCATIONS.get(name))}  [dim]{ALLOCATIONS.source(name)}[/dim]")
+        b = get_bench(name)
+        console.print(f"{name:14} tasks: {', '.join(b.tasks())}  {b.description}  {source}")
     elif what is ListWhat.engines:
-        from kvbench.engines import ENGINES
-
-        for name in ENGINES:
-            cls = ENGINES.get(name)
-            caps = ", ".join(sorted(cls.capabilities)) or "none"
-            dtypes = " / ".join(cls.dtypes) if cls.dtypes else "any"
-            console.print(f"{name:14} capabilities: {caps}; dtypes: {dtypes}  [dim]{ENGINES.source(name)}[/dim]")
-    else:
-        from kvbench.scorers import SCORERS
-
-        for name in SCORERS:
-            console.print(f"{name:24} {_first_line(SCORERS.get(name))}  [dim]{SCORERS.source(name)}[/dim]")
+        caps = ", ".join(sorted(obj.capabilities)) or "none"
+        dtypes = " / ".join(obj.dtypes) if obj.dtypes else "any"
+        console.print(f"{name:14} capabilities: {caps}; dtypes: {dtypes}  {source}")
+    else:  # allocations, scorers
+        console.print(f"{name:{14 if what is ListWhat.allocations else 24}} {_first_line(obj)}  {source}")
 
 
 def _first_line(obj: object) -> str:
@@ -552,7 +573,12 @@ def command_group() -> click.Command:
     group = typer.main.get_command(app)
     for name in COMMANDS.names():
         if name in group.commands:
-            raise KvbenchError(f"the commands {name!r} ({COMMANDS.source(name)}) clash with kvbench's own {name!r}")
+            from kvbench.registry import uninstall_command
+
+            ep = COMMANDS.entry_point(name)
+            fix = f": `{uninstall_command(ep)}` fixes it" if ep is not None else ""
+            source = COMMANDS.source(name)
+            raise KvbenchError(f"the commands {name!r} ({source}) clash with kvbench's own {name!r}{fix}")
         group.add_command(LazyCommands(name), name)
     return group
 
@@ -624,6 +650,14 @@ def _debug_env(debug: bool):
             os.environ[DEBUG_ENV] = before
 
 
+def _exit_site(exc: BaseException) -> str:
+    """``file:line`` where ``exc`` was raised (its traceback's last frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "code inside the command"
+
+
 def main() -> None:
     """Console-script entry point: run the command line, turning user errors into one line and exit code 2
     (with ``--debug``: re-raised, so Python prints the traceback)."""
@@ -634,11 +668,19 @@ def main() -> None:
         with _debug_env(debug), _Sigterm() as sigterm:
             # standalone_mode=False: returns the exit code of an Exit (130 on Ctrl-C)
             code = command_group().main(args, prog_name="kvbench", standalone_mode=False)
-    except KvbenchError as exc:
+    except (KvbenchError, OSError) as exc:  # an OS error no command turned into one line: its path and a fix
         if debug:
             raise
         # one line, never wrapped (an 80-column non-terminal stderr would cut it), markup in it kept literal
-        err_console.print("[bold red]error:[/bold red] " + escape(str(exc)), soft_wrap=True)
+        message = str(os_error(exc) if isinstance(exc, OSError) else exc)
+        err_console.print("[bold red]error:[/bold red] " + escape(message), soft_wrap=True)
+        raise SystemExit(2) from None
+    except SystemExit as exc:  # sys.exit() inside a command (a plugin's): never a silent success
+        if debug or exc.code not in (0, None):
+            raise
+        err_console.print(f"[bold red]error:[/bold red] {escape(_exit_site(exc))} called sys.exit({exc.code!r}) before "
+                          "the command finished; fix or uninstall the code there (--debug shows the traceback)",
+                          soft_wrap=True)  # fmt: skip
         raise SystemExit(2) from None
     except (KeyboardInterrupt, click.exceptions.Abort):
         raise SystemExit(sigterm.exit_code(130)) from None

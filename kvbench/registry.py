@@ -62,6 +62,12 @@ def _entry_point_source(ep: EntryPoint) -> str:
     return f"entry point {ep.value} ({owner})"
 
 
+def uninstall_command(ep: EntryPoint) -> str:
+    """The command that removes entry point ``ep``: ``pip uninstall <its distribution>``."""
+    dist = ep.dist
+    return f"pip uninstall {dist.name if dist is not None else '<the distribution declaring ' + ep.value + '>'}"
+
+
 class Registry(Generic[T]):
     """Named objects of one kind (``"method"``, ``"bench"``, …), open to the entry-point group ``group``.
 
@@ -136,6 +142,10 @@ class Registry(Generic[T]):
             return self._added[name][1]
         raise self._unknown(name)
 
+    def entry_point(self, name: str) -> EntryPoint | None:
+        """The entry point registering ``name`` (a plugin's), or None for a built-in or added entry."""
+        return self._plugins().get(name)
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.names()
 
@@ -156,7 +166,8 @@ class Registry(Generic[T]):
         names is no collision; any other claim on a taken name is a :class:`RegistryError` naming both."""
         spec = self._spec(name)
         if spec is not None and not _points_to(spec, obj):
-            raise self._collision(name, self.source(name), source)
+            plugin = self._plugins().get(name)
+            raise self._collision(name, self.source(name), source, *([plugin] if plugin is not None else []))
         if spec is None and name in self._added and self._added[name][0] is not obj:
             raise self._collision(name, self._added[name][1], source)
         self._validate(name, obj, source)
@@ -171,11 +182,12 @@ class Registry(Generic[T]):
             found: dict[str, EntryPoint] = {}
             for ep in entry_points(group=self.group):
                 if ep.name in self._builtins:
-                    raise self._collision(ep.name, f"built-in {self._builtins[ep.name]}", _entry_point_source(ep))
+                    raise self._collision(ep.name, f"built-in {self._builtins[ep.name]}", _entry_point_source(ep), ep)
                 if ep.name in found and found[ep.name].value != ep.value:
-                    raise self._collision(ep.name, _entry_point_source(found[ep.name]), _entry_point_source(ep))
+                    first = found[ep.name]
+                    raise self._collision(ep.name, _entry_point_source(first), _entry_point_source(ep), first, ep)
                 if ep.name in self._added and not _points_to(ep.value, self._added[ep.name][0]):
-                    raise self._collision(ep.name, self._added[ep.name][1], _entry_point_source(ep))
+                    raise self._collision(ep.name, self._added[ep.name][1], _entry_point_source(ep), ep)
                 found[ep.name] = ep
             self._entry_points = found
         return self._entry_points
@@ -193,10 +205,14 @@ class Registry(Generic[T]):
     def _load_plugin(self, ep: EntryPoint) -> T:
         try:
             return ep.load()
-        except Exception as exc:  # a broken plugin must be visible, naming the plugin
+        except (Exception, SystemExit) as exc:  # a broken plugin must be visible, naming the plugin
+            # SystemExit: a plugin calling sys.exit() on import must not end kvbench (silently, maybe with 0)
+            what = (
+                f"it called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+            )
             raise RegistryError(
                 f"the {self.group} entry point {ep.name!r} ({_entry_point_source(ep)}) failed to load: "
-                f"{type(exc).__name__}: {exc}"
+                f"{' '.join(what.split())}; fix that distribution or remove it with `{uninstall_command(ep)}`"
             ) from exc
 
     def _validate(self, name: str, obj: T, source: str) -> None:
@@ -213,8 +229,11 @@ class Registry(Generic[T]):
     def _unknown(self, name: str) -> UnknownNameError:
         return UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}")
 
-    def _collision(self, name: str, first: str, second: str) -> RegistryError:
+    def _collision(self, name: str, first: str, second: str, *plugins: EntryPoint) -> RegistryError:
+        """Two sources of ``name``; ``plugins``: the entry points among them, whose uninstall commands the
+        message names."""
+        fix = " or ".join(f"`{uninstall_command(ep)}`" for ep in plugins)
         return RegistryError(
             f"{self.kind} {name!r} is already registered by {first}; {second} registers it too. Rename or "
-            "uninstall one of them"
+            "uninstall one of them" + (f": {fix} fixes it" if fix else "")
         )

@@ -25,7 +25,6 @@ sha256 (its checksum is still recorded)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -33,12 +32,12 @@ from dataclasses import dataclass
 from enum import Enum
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
-from kvbench.atomic import move_into_place, write_atomic, write_json
-from kvbench.errors import KvbenchError
+from kvbench.atomic import check_writable, move_into_place, sha256_of, write_atomic, write_json
+from kvbench.errors import KvbenchError, os_error
 
 #: RULER's commit whose essay URL list is fetched.
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
@@ -56,11 +55,21 @@ HUB_REVISION = "main"
 RECORD = "kvbench-fetch.json"
 #: Seconds a connection may stay silent before the fetch gives up on it.
 TIMEOUT_S = 60.0
+#: Seconds each source is given to answer when an offline fetch names every unreachable one.
+PROBE_S = 5.0
 _CHUNK = 1 << 16
 
 
 class Offline(KvbenchError):
-    """A source could not be reached (no network, DNS failure, refused connection)."""
+    """A source could not be reached (no network, DNS failure, refused connection); ``url``: which."""
+
+    def __init__(self, url: str, reason: object) -> None:
+        self.url = url
+        super().__init__(f"cannot reach {url} ({reason})")
+
+
+class Unusable(KvbenchError):
+    """A file the benches could not use (empty, cut short, not parseable, no item); the message says why."""
 
 
 class What(str, Enum):
@@ -104,6 +113,37 @@ def describe(what: What) -> str:
     return " and ".join(parts)
 
 
+def sources(what: What) -> list[str]:
+    """The URLs ``kvbench data fetch WHAT`` starts from: the essay URL list and the QA files (ruler), the hub
+    (scbench)."""
+    urls = []
+    if what in (What.ruler, What.all):
+        urls.append(_source("KVBENCH_RULER_ESSAY_URLS", ESSAY_LIST_URL)[0])
+        urls += [plan.url for plan in ruler_plans()]
+    if what in (What.scbench, What.all):
+        urls.append(hub_endpoint())
+    return urls
+
+
+def _unreachable(first: Offline, urls: list[str]) -> str:
+    """Every source that cannot be reached, ``"cannot reach URL (reason); …"``: ``first`` (the failure that
+    stopped the fetch), then each other of ``urls`` whose host does not answer, all probed at once (a few
+    seconds at most)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def probe(url: str) -> Offline | None:
+        try:
+            _reachable(url, timeout=PROBE_S)
+        except Offline as e:
+            return e
+        return None
+
+    others = list(dict.fromkeys(u for u in urls if u != first.url))
+    with ThreadPoolExecutor(max_workers=max(1, len(others))) as pool:
+        failed = [e for e in pool.map(probe, others) if e is not None]
+    return "; ".join(str(e) for e in [first, *failed])
+
+
 # --- downloading ---------------------------------------------------------------------------------------------
 
 
@@ -123,41 +163,35 @@ def _open(url: str, offset: int = 0):
         raise KvbenchError(f"fetching {url} failed: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise Offline(f"cannot reach {url} ({reason})") from None
+        raise Offline(url, reason) from None
 
 
-def _reachable(url: str) -> None:
-    """:class:`Offline` unless a TCP connection to ``url``'s host and port opens."""
+def _reachable(url: str, timeout: float = TIMEOUT_S) -> None:
+    """:class:`Offline` unless a TCP connection to ``url``'s host and port opens within ``timeout`` seconds."""
     import socket
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        socket.create_connection((parts.hostname, port), timeout=TIMEOUT_S).close()
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
     except OSError as e:
-        raise Offline(f"cannot reach {url} ({e})") from None
+        raise Offline(url, e) from None
 
 
 class _Restart(Exception):
     pass
 
 
-def sha256_of(path: Path) -> str:
-    """The sha256 (hex) of the file at ``path``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def download(url: str, dest: Path, progress=None, task=None, sha256: str | None = None) -> str:
+def download(url: str, dest: Path, progress=None, task=None, sha256: str | None = None, size: int | None = None,
+             check: Callable[[Path], None] | None = None) -> str:  # fmt: skip
     """Fetch ``url`` into ``dest`` by way of ``dest.part``: a ``.part`` left by an interrupted fetch is continued
     (HTTP range) or, when the server sends the whole file instead, rewritten from its start. The finished file
-    is checked (its length against the server's, its sha256 against ``sha256`` when given) and renamed onto
-    ``dest`` in one step. ``progress``/``task``: a progress display and task advanced by bytes. Returns the
-    sha256 (hex). A mismatch removes the ``.part`` and raises :class:`KvbenchError`."""
+    is checked (its length against the server's and against ``size`` when known, its sha256 against ``sha256``
+    when given, then ``check(part)``, which raises :class:`Unusable` for a file the benches could not use) and
+    renamed onto ``dest`` in one step. ``progress``/``task``: a progress display and task advanced by bytes.
+    Returns the sha256 (hex). A mismatch or an unusable file removes the ``.part`` and raises
+    :class:`KvbenchError`; a file shorter than announced keeps its ``.part`` for the rerun to continue."""
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.is_file() else 0
@@ -179,14 +213,52 @@ def download(url: str, dest: Path, progress=None, task=None, sha256: str | None 
                 if progress is not None:
                     progress.advance(task, len(chunk))
     got = part.stat().st_size
-    if total is not None and got != total:
-        raise KvbenchError(f"fetching {url} stopped at {got} of {total} bytes; rerun the command to continue it")
+    for expected in (n for n in (total, size) if n is not None):  # the server's length, then the listing's
+        if got < expected:
+            raise KvbenchError(f"fetching {url} stopped at {got} of {expected} bytes; rerun the command to continue it")
+        if got > expected:
+            part.unlink()
+            raise KvbenchError(f"{url} gave {got} bytes, not the {expected} announced; nothing was kept, rerun later")
     digest = sha256_of(part)
     if sha256 is not None and digest != sha256:
         part.unlink()
         raise KvbenchError(f"{url} gave sha256 {digest}, not the published {sha256}; nothing was kept, rerun later")
+    try:
+        if check is not None:
+            check(part)
+    except Unusable as exc:
+        part.unlink()
+        raise KvbenchError(f"{url} gave a file the benches cannot use ({exc}); nothing was kept: check the source "
+                           "(or its KVBENCH_*_URL setting) and rerun") from None  # fmt: skip
     move_into_place(part, dest)
     return digest
+
+
+def check_file(rel: str, path: Path) -> None:
+    """Raise :class:`Unusable` unless the file ``path`` (fetched as ``rel``) is one the benches can read: not
+    empty; a RULER file parsed by the very check its bench reads it through
+    (:func:`kvbench.tasks.ruler_tasks.read_data_file`: valid JSON, at least one question or a non-empty
+    essay text); a parquet file whose footer reads and that holds at least one row."""
+    if path.stat().st_size == 0:
+        raise Unusable("the file is empty")
+    if rel.startswith("ruler/"):
+        from kvbench.tasks.ruler_tasks import DATA_FILES, DataFileError, read_data_file
+
+        task = next(t for t, r in DATA_FILES.items() if r == rel)
+        try:
+            read_data_file(task, path)
+        except DataFileError as exc:
+            raise Unusable(exc.reason) from None
+    elif rel.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise Unusable(f"not a readable parquet file: {exc}") from None
+        if rows < 1:
+            raise Unusable("the parquet file holds no row")
 
 
 # --- RULER ---------------------------------------------------------------------------------------------------
@@ -266,6 +338,8 @@ def fetch_essays(root: Path, progress, say) -> tuple[int, int]:
     if not files:
         raise KvbenchError(f"no essay of {list_url} could be fetched; rerun the command later")
     text = "".join(p.read_text(encoding="utf-8") for p in files)
+    if not text.strip():
+        raise KvbenchError(f"the essays listed by {list_url} hold no text; nothing was written, check the source")
     write_json(root / "ruler" / "PaulGrahamEssays.json", {"text": text})
     for p in files:
         p.unlink()
@@ -306,7 +380,7 @@ def scbench_plans() -> list[Plan]:
     except HfHubHTTPError as e:
         raise KvbenchError(f"listing {HUB_REPO} on {endpoint} failed: {e}".splitlines()[0]) from None
     except Exception as e:  # httpx / OS connection errors, HF_HUB_OFFLINE=1
-        raise Offline(f"cannot reach {endpoint} ({type(e).__name__}: {e})".splitlines()[0]) from None
+        raise Offline(endpoint, f"{type(e).__name__}: {e}".splitlines()[0]) from None
     plans = []
     for entry in tree:
         path = getattr(entry, "path", "")
@@ -354,16 +428,33 @@ def fetch(what: What, root: Path, console) -> dict:
 
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())  # fmt: skip
+
+    def present(rel: str) -> bool:
+        """Whether ``rel`` is there already: checked (:func:`check_file`, and its size against the record's),
+        recorded when it was not, and kept; one that fails a check is refused, never recorded."""
+        path = root / rel
+        if not path.is_file():
+            return False
+        recorded = files.get(rel, {}).get("bytes")
+        try:
+            if recorded is not None and recorded != path.stat().st_size:
+                raise Unusable(f"{path.stat().st_size} bytes, not the {recorded} recorded when it was fetched")
+            check_file(rel, path)
+        except Unusable as exc:
+            rerun = f"kvbench data fetch {what.value} --data-dir {root}"
+            raise KvbenchError(f"{path} is there but the benches cannot use it ({exc}); remove it and rerun "
+                               f"`{rerun}` to fetch it again") from None  # fmt: skip
+        if rel not in files:
+            note(rel, "present before the fetch")
+        say(f"{path}: already there, kept")
+        return True
+
     try:
         with make_progress(console, columns, throttle_s=10.0) as progress:
             plans: list[Plan] = []
             if what in (What.ruler, What.all):
                 essays = root / "ruler" / "PaulGrahamEssays.json"
-                if essays.is_file():
-                    if "ruler/PaulGrahamEssays.json" not in files:
-                        note("ruler/PaulGrahamEssays.json", "present before the fetch")
-                    say(f"{essays}: already there, kept")
-                else:
+                if not present("ruler/PaulGrahamEssays.json"):
                     used, failed = fetch_essays(root, progress, say)
                     say(f"{essays}: {used} essays" + (f" ({failed} could not be fetched, as RULER skips them)"
                                                       if failed else ""))  # fmt: skip
@@ -372,20 +463,20 @@ def fetch(what: What, root: Path, console) -> dict:
             if what in (What.scbench, What.all):
                 plans += scbench_plans()
             for plan in plans:
-                dest = root / plan.rel
-                if dest.is_file():
-                    if plan.rel not in files:
-                        note(plan.rel, "present before the fetch")
-                    say(f"{dest}: already there, kept")
+                if present(plan.rel):
                     continue
                 task = progress.add_task(plan.rel, total=plan.size)
-                download(plan.url, dest, progress, task, plan.sha256)
+                download(plan.url, root / plan.rel, progress, task, plan.sha256, plan.size,
+                         check=lambda path, rel=plan.rel: check_file(rel, path))  # fmt: skip
                 note(plan.rel, plan.url)
     except Offline as e:
+        unreachable = _unreachable(e, sources(what))
         raise KvbenchError(
-            f"kvbench data fetch {what.value} needs the network: {e}. It fetches {describe(what)} into {root}; "
-            f"run it where those hosts are reachable, or copy the files there by hand (docs/benches.md)"
+            f"kvbench data fetch {what.value} needs the network: {unreachable}. It fetches {describe(what)} into "
+            f"{root}; run it where those hosts are reachable, or copy the files there by hand (docs/benches.md)"
         ) from None
+    except OSError as e:  # the data directory (or a file in it) cannot be written
+        raise os_error(e, f"make {root} writable, or give another --data-dir") from None
     return files
 
 
@@ -408,6 +499,7 @@ def fetch_command(
     if base is None:
         raise KvbenchError("kvbench data fetch: give --data-dir DIR (or set KVBENCH_DATA_DIR) for the data to go to")
     root = Path(base).expanduser()
+    check_writable(root, "--data-dir")  # before any connection
     console = make_console(stderr=True)
     files = fetch(what, root, console)
     console.print(f"done: {len(files)} files recorded in {root / RECORD}; run with --data-dir {root}",

@@ -50,6 +50,8 @@ from kvbench.tasks.ruler_data import (
 __all__ = [
     "DATA_ENV",
     "DATA_FILES",
+    "DataFileError",
+    "REFETCH",
     "VT_HOPS",
     "VT_ICL_TOKENS",
     "RulerTask",
@@ -58,6 +60,7 @@ __all__ = [
     "draw_needle_part",
     "file_id",
     "make_task",
+    "read_data_file",
     "search_largest",
     "vt_context",
 ]
@@ -106,28 +109,51 @@ def file_id(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
 
-def _load(task: str, path: Path):
-    """Parsed contents of ``path`` for ``task``'s family, kept while the file is unchanged."""
-    family = task if task.startswith("qa") else "essay"
-    fid = file_id(path)
-    if family in _LOADED and _LOADED[family][0] == fid:
-        return _LOADED[family][1]
+#: What to do about a data file that cannot be used (a bench's error and ``kvbench data fetch``'s refusal say it).
+REFETCH = "remove it and fetch it again with `kvbench data fetch ruler --data-dir DIR`"
+
+
+class DataFileError(KvbenchError):
+    """A RULER data file that cannot be used; ``reason``: why, without the path or the fix."""
+
+    def __init__(self, path: Path, reason: str, unreadable: bool = False) -> None:
+        self.reason = reason
+        what = f"cannot read RULER data file {path}" if unreadable else f"RULER data file {path}"
+        super().__init__(f"{what}: {reason}; {REFETCH}")
+
+
+def read_data_file(task: str, path: Path):
+    """The parsed contents of RULER data file ``path`` for ``task`` (:data:`DATA_FILES`): a QA file's
+    (questions, documents), at least one question; the essays' haystack, non-empty. A file that cannot be
+    read, parsed or used is a :class:`DataFileError` naming it and the fix. The one check of a data file:
+    the bench reads through it, and ``kvbench data fetch`` runs it on every file before recording it."""
     try:
         with open(path, encoding="utf-8") as f:
             raw = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise KvbenchError(f"cannot read RULER data file {path}: {exc}") from None
+        raise DataFileError(path, str(exc), unreadable=True) from None
     try:
-        if task == "qa_1":
-            value = parse_squad(raw)
-        elif task == "qa_2":
-            value = parse_hotpotqa(raw)
+        if task in ("qa_1", "qa_2"):
+            value = parse_squad(raw) if task == "qa_1" else parse_hotpotqa(raw)
+            if not value[0]:
+                raise FormatError("it holds no answerable question, so the task has no context")
         else:
             if not isinstance(raw, dict) or not isinstance(raw.get("text"), str) or not raw["text"].strip():
                 raise FormatError('expected {"text": "<non-empty essay text>"}')
             value = _Essay(re.sub(r"\s+", " ", raw["text"]).split(" "))
     except FormatError as exc:
-        raise KvbenchError(f"RULER data file {path}: {exc}") from None
+        raise DataFileError(path, str(exc)) from None
+    return value
+
+
+def _load(task: str, path: Path):
+    """Parsed contents of ``path`` for ``task``'s family (:func:`read_data_file`), kept while the file is
+    unchanged."""
+    family = task if task.startswith("qa") else "essay"
+    fid = file_id(path)
+    if family in _LOADED and _LOADED[family][0] == fid:
+        return _LOADED[family][1]
+    value = read_data_file(task, path)
     _LOADED[family] = (fid, value)
     return value
 

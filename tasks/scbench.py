@@ -183,12 +183,18 @@ def iter_rows(files: Iterable[Path], columns: list[str] | None = None) -> Iterat
     values (lists, dicts, ints, strs). ``columns`` limits what parquet files read."""
     for path in files:
         if path.suffix == ".parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(path)
-            cols = [c for c in columns if c in pf.schema_arrow.names] if columns else None
-            for batch in pf.iter_batches(batch_size=4, columns=cols):
-                yield from batch.to_pylist()
+            try:
+                pf = pq.ParquetFile(path)
+                cols = [c for c in columns if c in pf.schema_arrow.names] if columns else None
+                batches = iter(pf.iter_batches(batch_size=4, columns=cols))
+                while (batch := next(batches, None)) is not None:
+                    yield from batch.to_pylist()
+            except (pa.ArrowException, OSError) as e:  # cut short, or not parquet at all
+                raise SCBenchDataError(f"{path}: not a readable parquet file ({e}); remove it and fetch it again with "
+                                       "`kvbench data fetch scbench --data-dir DIR`") from None  # fmt: skip
         else:
             with open(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
@@ -544,8 +550,13 @@ class SCBenchBench(Bench):
     def _from_rows(self, task: str, limit: int, source: tuple[str, Any], max_turns: int | None) -> Iterator[Context]:
         needles = self._pool(task, source) if task in ("repoqa", "repoqa_and_kv") and limit > 0 else None
         # islice stops at ``limit`` rows without reading the next: a bad line after them is not this run's
+        index = -1
         for index, row in enumerate(itertools.islice(self._rows(source), max(limit, 0))):
             yield build_context(task, index, row, needles, bench=self.name, max_turns=max_turns)
+        if index < 0 < limit and source[0] == "files":  # never "0 contexts" and success
+            names = ", ".join(str(f) for f in source[1])
+            raise SCBenchDataError(f"scbench/{task}: {names} holds no row, so the task has no context; remove it "
+                                   "and fetch it again with `kvbench data fetch scbench --data-dir DIR`")  # fmt: skip
 
     def _generated(
         self, task: str, length: int, limit: int, seed: int, prompt_length: PromptLength, max_turns: int | None

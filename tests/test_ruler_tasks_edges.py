@@ -336,7 +336,8 @@ def test_essay_file_of_the_wrong_shape(content, monkeypatch, tmp_path):
     essay.parent.mkdir()
     essay.write_text(content, encoding="utf-8")
     monkeypatch.setenv("KVBENCH_DATA_DIR", str(tmp_path))
-    expected = re.escape(f'RULER data file {essay}: expected {{"text": "<non-empty essay text>"}}')
+    shape = 'expected {"text": "<non-empty essay text>"}'
+    expected = re.escape(f"RULER data file {essay}: {shape}; {ruler_tasks.REFETCH}")
     with pytest.raises(KvbenchError, match=rf"^{expected}$"):
         ruler_tasks.make_task("ruler", "niah_single_3", SEED, 4096)
 

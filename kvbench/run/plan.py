@@ -106,7 +106,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
     if config.length is not None and config.length < 1:
         raise KvbenchError(f"--length {config.length}: need a positive number of tokens (or omit it for the default)")
     if config.threads is not None and config.threads < 1:
-        raise KvbenchError(f"--threads {config.threads}: need at least 1 (or omit it for torch's default)")
+        raise KvbenchError(THREADS_BELOW_ONE.format(threads=config.threads))
     if config.answer_batch is not None and config.answer_batch < 1:
         raise KvbenchError(
             f"--answer-batch {config.answer_batch}: need at least 1 (1 answers each child alone; omit it to batch "
@@ -122,8 +122,7 @@ def validate(config: RunConfig) -> list[PlanEntry]:
             f"--answer-contexts {config.answer_contexts} with --answer-batch {config.answer_batch}: a fixed batch "
             "answers the children of one context at a time; drop one of them"
         )
-    if not 0 <= config.seed < SEED_LIMIT:
-        raise KvbenchError(f"--seed {config.seed}: need an integer from 0 to {SEED_LIMIT - 1} (2**32 - 1)")
+    check_seed(config.seed)
     if not config.ps:
         raise KvbenchError("no kept fraction given; use --p, e.g. --p 0.5,0.1 or --p all")
     check_dtype(config.dtype)
@@ -201,11 +200,23 @@ def engine_dtype(config: RunConfig) -> str | None:
     return config.dtype or dtypes[0]
 
 
+#: ``--threads`` below 1 (:func:`validate` on the machine that plans, :func:`check_threads` where it runs).
+THREADS_BELOW_ONE = "--threads {threads}: need at least 1 (or omit it for torch's default)"
+
+
+def check_seed(seed: int) -> None:
+    """Refuse a ``--seed`` outside ``[0, SEED_LIMIT)`` (``kvbench run``'s and ``kvbench train-tiny``'s)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise KvbenchError(f"--seed {seed}: need an integer from 0 to {SEED_LIMIT - 1} (2**32 - 1)")
+
+
 def check_threads(threads: int | None) -> None:
-    """Refuse ``--threads`` beyond the CPU cores this process may use (torch would only run slower), on the
-    machine that runs (a Ray worker checks its own)."""
+    """Refuse ``--threads`` below 1, or beyond the CPU cores this process may use (torch would only run
+    slower), on the machine that runs (a Ray worker checks its own; ``kvbench train-tiny`` too)."""
     from kvbench.cpu import local_cores
 
+    if threads is not None and threads < 1:
+        raise KvbenchError(THREADS_BELOW_ONE.format(threads=threads))
     if threads is not None and threads > local_cores():
         raise KvbenchError(
             f"--threads {threads} exceeds the {local_cores()} CPU cores this process may use, which only slows torch "

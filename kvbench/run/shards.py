@@ -79,13 +79,16 @@ def shard_contexts(config: RunConfig, lm: LoadedModel, console: Console, record)
                 bench.contexts(task, length=config.length, limit=config.limit, seed=config.seed, prompt_length=measure)
             )
             first = next(items, None)
+            if first is None:  # data without a usable item: never "0 contexts" and success
+                raise MissingDataError(reason=f"{config.bench}/{task} gives no context: its data holds no usable item",
+                                       fix=f"check the data that bench {config.bench} reads (a fetched file: remove "
+                                       "it and fetch it again with `kvbench data fetch`)")  # fmt: skip
         except _CANNOT_RUN as exc:
             if config.tasks:  # asked for by name: its data or the user's --length is wrong for it
                 raise _named(config, task, exc) from None
             errors[task] = exc
             continue
-        if first is not None:
-            started.append((task, itertools.chain([first], items)))
+        started.append((task, itertools.chain([first], items)))
     if errors and not started:
         reasons = "; ".join(f"{config.bench}/{t}: {_reason(e)}" for t, e in errors.items())
         fixes = _fixes(list(errors.values()))

@@ -4,6 +4,7 @@ is imported until the command runs, so ``kvbench train-tiny --help`` imports no 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +28,64 @@ def _read_text_file(path: Path, option: str) -> str:
         return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise KvbenchError(f"{option} {path}: cannot read it ({exc})") from None
+
+
+#: The shortest training row accepted (the shipped curriculum's first length; a row needs about 80 tokens to
+#: hold every task of the default mix, measured with a 1,024-token vocabulary).
+MIN_ROW_LENGTH = 128
+
+
+def _check_numbers(**values: float) -> None:
+    """Refuse a count below its floor (``--eval-limit`` 0, every other 1) or a learning rate that is not a
+    positive finite number, naming the option."""
+    for name, value in values.items():
+        option = "--" + name.replace("_", "-")
+        if name == "lr":
+            if not (math.isfinite(value) and value > 0):
+                raise KvbenchError(f"--lr {value}: need a positive learning rate, e.g. 3e-3")
+            continue
+        floor = 0 if name == "eval_limit" else 1
+        if value < floor:
+            raise KvbenchError(f"{option} {value}: need at least {floor}" + (" (0 skips the evaluation)" if floor == 0
+                                                                              else ""))  # fmt: skip
+
+
+def _max_positions(init: Path | None) -> int:
+    """The positions of the model trained: the ``--init`` model's ``max_position_embeddings``, else the tiny
+    config's."""
+    import json
+
+    import kvbench_training as T
+
+    if init is not None:
+        try:
+            config = json.loads((init / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise KvbenchError(f"--init {init}: cannot read its config.json ({exc}); give a run's final/ dir") from None
+        text = config.get("text_config") or {}
+        return int(config.get("max_position_embeddings") or text.get("max_position_embeddings") or
+                   T.SHIPPED_MAX_POSITIONS)  # fmt: skip
+    return T.tiny_trained_config(2048).max_position_embeddings
+
+
+def _parse_mix(text: str):
+    """``--mix`` parsed (:func:`kvbench_training.parse_mix`), a weight that is not a finite number refused."""
+    import kvbench_training as T
+
+    mix = T.parse_mix(text)
+    if not all(math.isfinite(w) for _, w in mix):
+        raise KvbenchError(f"--mix {text!r}: weights must be finite numbers summing to 1")
+    return mix
+
+
+def _check_curriculum(stages, limit: int) -> None:
+    """Refuse stage lengths outside ``[MIN_ROW_LENGTH, limit]`` or start fractions outside ``[0, 1)``."""
+    for start, length in stages:
+        if not MIN_ROW_LENGTH <= length <= limit:
+            raise KvbenchError(f"--curriculum: row length {length} is outside {MIN_ROW_LENGTH} to {limit} (the model's "
+                               "positions); give LENGTH@FRACTION stages within it")  # fmt: skip
+        if not 0 <= start < 1:
+            raise KvbenchError(f"--curriculum: start fraction {start} is outside [0, 1); e.g. 128@0,256@0.5")
 
 
 @app.command("train-tiny")
@@ -74,23 +133,39 @@ def train_tiny(
 
     import kvbench_training as T
 
+    # every argument is checked before any work (no tokenizer trained, no model built, nothing written)
+    steps = T.DEFAULT_STEPS if steps is None else steps
+    _check_numbers(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, eval_limit=eval_limit)
+    from kvbench.run.plan import check_seed, check_threads  # kvbench run's own checks of these options
+
+    check_seed(seed)
+    check_threads(threads)
     if card_note is not None and not export:
         raise KvbenchError("--card-note only applies to an export; add --export DIR")
     note = _read_text_file(card_note, "--card-note") if card_note is not None else ""
-    tok = None
     if tokenizer_dir is not None:
         if init is not None:
             raise KvbenchError("--tokenizer applies to a first stage; a stage with --init keeps its model's tokenizer")
         if not (tokenizer_dir / "tokenizer.json").is_file():
             raise KvbenchError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there; give a tokenizer directory")
+    if init is not None and not (init / "config.json").is_file():
+        raise KvbenchError(f"--init {init}: no trained model there (expected config.json; a run's final/ dir)")
+    stages = T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM
+    _check_curriculum(stages, _max_positions(init))
+    args = T.TrainArgs(
+        steps=steps, batch_size=batch_size, lr=lr, seed=seed, curriculum=stages, warmup=warmup,
+        save_every=save_every, mix=_parse_mix(mix) if mix else T.TASK_MIX, init=init, arch=arch,
+    )  # fmt: skip
+    from kvbench.atomic import check_writable
+
+    check_writable(out, "--out")
+    if export is not None:
+        check_writable(export, "--export")
+    tok = None
+    if tokenizer_dir is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    args = T.TrainArgs(
-        steps=steps or T.DEFAULT_STEPS, batch_size=batch_size, lr=lr, seed=seed,
-        curriculum=T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM, warmup=warmup,
-        save_every=save_every, mix=T.parse_mix(mix) if mix else T.TASK_MIX, init=init, arch=arch,
-    )  # fmt: skip
     final = T.train(out, args, T.RunOptions(resume=resume, threads=threads, tokenizer=tok))
     err_console.print(f"[green]done:[/green] model in {escape(str(final))}")
     target = T.export_builtin(final, export, note=note) if export else final

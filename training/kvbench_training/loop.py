@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kvbench.atomic import write_dir
+from kvbench.atomic import sha256_of, write_dir
+from kvbench.cpu import local_cores
 from kvbench.errors import KvbenchError
 from kvbench_training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
 from kvbench_training.model import (
@@ -181,10 +182,83 @@ def _ema_task_loss(log: list[dict], task: str, decay: float = 0.9) -> float:
 # Checkpoints and finished runs
 
 
+#: The file of a checkpoint listing every other file's size and sha256 (written last, inside the checkpoint).
+CHECKPOINT_FILES = "checkpoint_files.json"
+
+
+def _checkpoints(out_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-<step>`` directories of ``out_dir`` holding a ``trainer_state.pt``, latest step first."""
+    found = [p for p in Path(out_dir).glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()]
+    return sorted((p for p in found if (p / "trainer_state.pt").exists()), key=lambda p: -int(p.name.split("-")[1]))
+
+
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     """The complete ``checkpoint-<step>`` directory of ``out_dir`` with the highest step, or None."""
-    ckpts = [p for p in Path(out_dir).glob("checkpoint-*") if (p / "trainer_state.pt").exists()]
-    return max(ckpts, key=lambda p: int(p.name.split("-")[1])) if ckpts else None
+    ckpts = _checkpoints(out_dir)
+    return ckpts[0] if ckpts else None
+
+
+def checkpoint_damage(ckpt: Path) -> str | None:
+    """Why checkpoint ``ckpt`` cannot be resumed from (a file missing, cut or changed), or None when it is
+    whole. A checkpoint lists its files' sizes and sha256 in :data:`CHECKPOINT_FILES`; one written before
+    that list existed is checked by reading its trainer state and its weights' header."""
+    listing = ckpt / CHECKPOINT_FILES
+    try:
+        if listing.is_file():
+            for name, (size, sha) in json.loads(listing.read_text(encoding="utf-8")).items():
+                path = ckpt / name
+                if not path.is_file():
+                    return f"{name} is missing"
+                if path.stat().st_size != size:
+                    return f"{name} has {path.stat().st_size} bytes, not the {size} written"
+                if sha256_of(path) != sha:
+                    return f"{name} does not have the sha256 it was written with"
+            return None
+        from safetensors import safe_open
+
+        torch.load(ckpt / "trainer_state.pt", weights_only=False, map_location="cpu")
+        with safe_open(str(ckpt / "model.safetensors"), "pt"):
+            pass
+    except Exception as exc:  # OSError, a cut pickle or zip, a bad safetensors header, a bad listing
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return None
+
+
+def _usable_checkpoint(out_dir: Path) -> Path | None:
+    """:func:`latest_checkpoint` when it is whole (:func:`checkpoint_damage`); a damaged one is refused in one
+    line naming what is wrong and the previous whole checkpoint to resume from (or, without one,
+    ``--no-resume``)."""
+    ckpts = _checkpoints(out_dir)
+    if not ckpts:
+        return None
+    damage = checkpoint_damage(ckpts[0])
+    if damage is not None:
+        raise _damaged(ckpts[0], damage)
+    return ckpts[0]
+
+
+def _damaged(ckpt: Path, damage: str) -> KvbenchError:
+    """The one-line refusal of damaged checkpoint ``ckpt``, naming the previous whole one (or the way out)."""
+    previous = next((c for c in _checkpoints(ckpt.parent) if c != ckpt and checkpoint_damage(c) is None), None)
+    fix = (f"the previous whole checkpoint is {previous}: remove {ckpt} to resume from it" if previous else
+           f"no earlier checkpoint is whole: remove {ckpt}, or start over with --no-resume")  # fmt: skip
+    return KvbenchError(f"checkpoint {ckpt} is damaged ({damage}); {fix}")
+
+
+def remove_stale_writes(out_dir: Path) -> None:
+    """Remove what a checkpoint write killed midway left in ``out_dir`` (:func:`kvbench.atomic.write_dir`'s
+    ``.checkpoint-<step>.*.tmp`` folder), and put back a checkpoint that a kill left moved aside as
+    ``.checkpoint-<step>.*.old`` while being replaced (removed when the new one made it into place)."""
+    import shutil
+
+    for stale in sorted(out_dir.glob(".checkpoint-*.old")):
+        target = out_dir / stale.name[1:].split(".", 1)[0]
+        if target.exists():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.replace(target)
+    for stale in out_dir.glob(".checkpoint-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _comparable_args(args: dict) -> dict:
@@ -228,12 +302,18 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs) -> torch.optim.AdamW:
 
 
 def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
-    """Write ``path`` (beside it first, then renamed): model, tokenizer and ``trainer_state.pt``."""
+    """Write ``path`` (beside it first, then renamed, so a kill leaves the previous checkpoints whole):
+    model, tokenizer, ``trainer_state.pt`` (step, AdamW state, torch's, Python's and numpy's global RNG
+    states, torch's thread count, arguments, log) and :data:`CHECKPOINT_FILES`, every file's size and sha256."""
+    import numpy as np
+
     state = {
         "step": step,
         "optimizer": run.optimizer.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state(),
+        "threads": torch.get_num_threads(),
         "args": asdict(args),
         "log": run.log,
     }
@@ -242,6 +322,8 @@ def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
         run.model.save_pretrained(tmp)
         run.tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / "trainer_state.pt")
+        files = {p.name: [p.stat().st_size, sha256_of(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / CHECKPOINT_FILES).write_text(json.dumps(files, indent=1), encoding="utf-8")
 
     write_dir(path, write)
 
@@ -273,20 +355,37 @@ def save_final(path: str | Path, model, tokenizer, args: TrainArgs, log: list[di
 # Starting a run: from a checkpoint, from an earlier stage, or from scratch
 
 
-def _resume(ckpt: Path, args: TrainArgs) -> _Run:
-    """The run saved in checkpoint ``ckpt``, with torch's and Python's RNG states restored."""
+def _resume(ckpt: Path, args: TrainArgs, threads: int | None = None) -> _Run:
+    """The run saved in checkpoint ``ckpt``: weights, tokenizer, AdamW state, torch's, Python's and numpy's
+    RNG states, and torch's thread count (reductions split by thread; ``threads``, the one asked for now, wins,
+    with a note that the run may then differ from an uninterrupted one). The batches need no state: each is a
+    pure function of ``(args.seed, step)``."""
+    import numpy as np
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    model = load_trained(ckpt)
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False, map_location="cpu")
     saved, now = _comparable_args(state["args"]), _comparable_args(asdict(args))
     if saved != now:
         raise KvbenchError(f"{ckpt} was written with different training arguments: {saved} != {now}")
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    model = load_trained(ckpt)
     optimizer = _optimizer(model, args)
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
+    if "numpy_rng" in state:  # checkpoints written before it was saved
+        np.random.set_state(state["numpy_rng"])
+    written = state.get("threads")
+    if written is not None and threads is None and written <= local_cores():
+        torch.set_num_threads(written)
+    elif written is not None and (threads or torch.get_num_threads()) != written:
+        from kvbench.logs import make_console
+
+        make_console(stderr=True).print(
+            f"note: {ckpt} was written with {written} threads, this run uses {threads or torch.get_num_threads()}: "
+            "sums split by thread may round differently, so the result can differ from an uninterrupted run's",
+            style="yellow", markup=False, soft_wrap=True,
+        )  # fmt: skip
     return _Run(model, tokenizer, optimizer, state["step"], list(state["log"]))
 
 
@@ -319,10 +418,15 @@ def _from_scratch(args: TrainArgs, tokenizer) -> _Run:
 def _start(out_dir: Path, args: TrainArgs, options: RunOptions) -> _Run:
     """The run to continue: the latest checkpoint (with ``resume``), else ``args.init``, else from scratch.
     Seeds torch's RNG with ``args.seed`` first (a checkpoint then restores its own state)."""
-    ckpt = latest_checkpoint(out_dir) if options.resume else None
+    ckpt = _usable_checkpoint(out_dir) if options.resume else None
     torch.manual_seed(args.seed)
     if ckpt is not None:
-        return _resume(ckpt, args)
+        try:
+            return _resume(ckpt, args, options.threads)
+        except (KvbenchError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a file the listing does not cover (or an older checkpoint without one)
+            raise _damaged(ckpt, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from exc
     if args.init is not None:
         return _from_init(Path(args.init), args)
     return _from_scratch(args, options.tokenizer)
@@ -427,6 +531,7 @@ def train(out_dir: str | Path, args: TrainArgs, options: RunOptions | None = Non
         torch.set_num_threads(options.threads)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_writes(out_dir)
     finished = _finished_run(out_dir, args) if options.resume else None
     if finished is not None:
         return finished
