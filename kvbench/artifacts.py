@@ -42,6 +42,26 @@ def find_calibration(cached: Path) -> Path:
     return shipped if shipped.exists() else cached
 
 
+def shipped_alternative(name: str, cached: Path) -> Path:
+    """The artifact of the shipped alternative calibration ``name`` (``SHIPPED_CALIBRATION/<name>/``, the same
+    layout as the default set beside it) at the relative path ``cached`` has under ``$KVBENCH_CACHE/calibration/``:
+    what ``--set gatesight.calibration=NAME`` / ``--set triattention.calibration=NAME`` read. An unknown name is a
+    :class:`KvbenchError` listing the shipped ones."""
+    from kvbench.models import cache_dir
+
+    known = (
+        sorted(p.name for p in SHIPPED_CALIBRATION.iterdir() if p.is_dir() and (p / "gatesight").is_dir())
+        if SHIPPED_CALIBRATION.is_dir()
+        else []
+    )
+    if name not in known:
+        raise KvbenchError(
+            f"no shipped calibration {name!r}; the shipped alternatives are: {', '.join(known) or 'none'} "
+            "(leave calibration unset for the default one)"
+        )
+    return SHIPPED_CALIBRATION / name / cached.relative_to(cache_dir() / "calibration")
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One artifact file as read: ``meta`` (its ``"kvbench"`` metadata), ``tensors`` and ``sha256``, the hex

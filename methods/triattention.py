@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.artifacts import META_KEY, ReadOnce, check_fingerprint, find_calibration, read_artifact
+from kvbench.artifacts import (
+    META_KEY,
+    ReadOnce,
+    check_fingerprint,
+    find_calibration,
+    read_artifact,
+    shipped_alternative,
+)
 from kvbench.atomic import write_atomic
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
@@ -476,7 +483,10 @@ class TriAttention(EvictionMethod):
     mlr = True
     zero_freq_bands = True
     trig = True
+    calibration = ""
     options = {
+        "calibration": "a shipped alternative calibration of the built-in models instead of the default one "
+        "(docs/methods.md#calibration-corpora names them)",
         "zero_freq_bands": "score the pass-through (un-rotated) dims as zero-frequency bands (the paper's "
         "setting); false scores the rotated bands only",
         "mlr": "add the magnitude (MLR) term",
@@ -542,6 +552,8 @@ class TriAttention(EvictionMethod):
     def _stats_path(self, fingerprint: str | None) -> Path:
         if self.stats_path is not None:
             return Path(self.stats_path)
+        if self.calibration and fingerprint:
+            return shipped_alternative(self.calibration, default_stats_path(fingerprint))
         if fingerprint:
             return find_calibration(default_stats_path(fingerprint))
         raise KvbenchError(

@@ -3,8 +3,9 @@ whole 36-character value (about 72 tokens of one pair among ~51 at 4,096 tokens)
 kept fraction, the mean share of the asked key's and value's tokens kept (over attention layers, KV heads and
 questions) and how often one (layer, KV head) keeps the whole pair.
 
-Usage: .venv/bin/python scripts/diagnose_kv_kept.py [--model tiny-trained] [--p 0.5] [--contexts 2]
+Usage: .venv/bin/python scripts/diagnose_kv_kept.py [--model tiny-trained] [--p 0.5[,0.1...]] [--contexts 2]
     [--methods random:flat,snapkv:flat,keydiff:flat,kvzip:global,gatesight:gate,oracle:gate]
+A method may carry options as ``kvbench run --set`` gives them: ``gatesight[calibration=generic]:gate``.
 
 Generated kv contexts of the evaluation seed (42) at 4,096 tokens, float32, the torch engine, each method as
 ``kvbench run`` builds it (seed 42, its shipped artifacts).
@@ -58,10 +59,36 @@ def kept_shares(kept, spans) -> tuple[float, float, float]:
     return key / n, value / n, whole / n
 
 
+def parse_method(entry: str) -> tuple[str, dict[str, str], str]:
+    """``"NAME[OPT=V,...]:ALLOCATION"`` -> (name, options, allocation)."""
+    spec, _, allocation = entry.rpartition(":")
+    name, _, opts = spec.partition("[")
+    options = dict(o.split("=", 1) for o in opts.rstrip("]").split(",") if o)
+    return name, options, allocation
+
+
+def diagnose_one(session, ctx, rendered, spans, entry: str, p: float) -> None:
+    """Print the asked pairs' kept shares for one ``METHOD[OPTIONS]:ALLOCATION`` at kept fraction ``p``."""
+    name, options, allocation = parse_method(entry)
+    method = get_method(name, 42, options=options)
+    if method.query_aware:  # the oracle: scored per question, each question's own child
+        shares = []
+        for q, ids, span in zip(ctx.questions, rendered.question_ids, spans, strict=True):
+            scores = method.score_question(session, QuestionInput(tuple(ids), q.max_new_tokens))
+            shares.append(kept_shares(method.select(session, scores, p, allocation), [span]))
+        key, value, whole = (sum(s[i] for s in shares) / len(shares) for i in range(3))
+    else:
+        key, value, whole = kept_shares(method.select(session, method.score(session), p, allocation), spans)
+    print(
+        f"  {method.label:>12} [{allocation}]: key {key:.2f}, value {value:.2f} of their tokens kept; "
+        f"whole pair in {whole:.2f} of (layer, KV head)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-trained")
-    ap.add_argument("--p", type=float, default=0.5)
+    ap.add_argument("--p", default="0.5", help="kept fraction(s), comma-separated (one prefill serves them all)")
     ap.add_argument("--contexts", type=int, default=2)
     methods = "random:flat,snapkv:flat,keydiff:flat,triattention:flat,kvzip:global,gatesight:gate,oracle:gate"
     ap.add_argument("--methods", default=methods, help="METHOD:ALLOCATION,... (default: %(default)s)")
@@ -78,21 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         rendered = render(tok, ctx, max_length=engine.max_context)
         spans = pair_spans(tok, rendered.context_ids, ctx.questions)
         session = engine.prefill(rendered.context_ids, rendered.prot, query_window=64)
-        print(f"{args.model} kv #{ctx.item}: {len(rendered.context_ids)} tokens, {len(spans)} questions, p = {args.p}")
-        for entry in args.methods.split(","):
-            name, allocation = entry.split(":")
-            method = get_method(name, 42)
-            if method.query_aware:  # the oracle: scored per question, each question's own child
-                shares = []
-                for q, ids, span in zip(ctx.questions, rendered.question_ids, spans, strict=True):
-                    scores = method.score_question(session, QuestionInput(tuple(ids), q.max_new_tokens))
-                    shares.append(kept_shares(method.select(session, scores, args.p, allocation), [span]))
-                key, value, whole = (sum(s[i] for s in shares) / len(shares) for i in range(3))
-            else:
-                kept = method.select(session, method.score(session), args.p, allocation)
-                key, value, whole = kept_shares(kept, spans)
-            print(f"  {name:>12} [{allocation}]: key {key:.2f}, value {value:.2f} of their tokens kept; "
-                  f"whole pair in {whole:.2f} of (layer, KV head)")
+        for p in (float(x) for x in args.p.split(",")):
+            print(f"{args.model} kv #{ctx.item}: {len(rendered.context_ids)} tokens, {len(spans)} questions, p = {p}")
+            for entry in args.methods.split(","):
+                diagnose_one(session, ctx, rendered, spans, entry, p)
         session.release()
     return 0
 

@@ -47,3 +47,13 @@ def test_kept_shares_by_hand():
     # two questions: the second pair is nowhere
     key, value, whole = D.kept_shares(kept, [([2, 3], [5, 6, 7]), ([8], [9])])
     assert (key, whole) == (pytest.approx(0.75 / 2), pytest.approx(0.25))
+
+
+def test_method_entries_carry_options():
+    assert D.parse_method("gatesight[calibration=generic]:gate") == ("gatesight", {"calibration": "generic"}, "gate")
+    assert D.parse_method("snapkv:flat") == ("snapkv", {}, "flat")
+    assert D.parse_method("triattention[trig=false,mlr=true]:flat") == (
+        "triattention",
+        {"trig": "false", "mlr": "true"},
+        "flat",
+    )

@@ -56,6 +56,7 @@ def _package_files(rel: str) -> list[str]:
 
 @pytest.mark.parametrize("rel", ["builtin/tiny-trained", "builtin/tiny-trained-dense",
                                  "builtin/calibration/triattention", "builtin/calibration/gatesight",
+                                 "builtin/calibration/generic/triattention", "builtin/calibration/generic/gatesight",
                                  "report/templates", "engines/vllm_stubs"])
 def test_wheel_holds_the_shipped_data(built_wheel: tuple[set[str], str], rel: str) -> None:
     names, _ = built_wheel

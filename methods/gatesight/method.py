@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.artifacts import ReadOnce, find_calibration
+from kvbench.artifacts import ReadOnce, find_calibration, shipped_alternative
 from kvbench.engines.base import ParentSession
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod, register_method
@@ -31,7 +31,9 @@ class GateSight(EvictionMethod):
     the attention output gate decides how many (``gate`` allocation).
 
     Artifact lookup, first match wins: ``artifact`` (constructor argument or class/instance attribute), the
-    environment variable ``KVBENCH_GATESIGHT_ARTIFACT``, then ``$KVBENCH_CACHE/calibration/gatesight/
+    shipped alternative calibration the ``calibration`` option names (``--set gatesight.calibration=NAME``,
+    :func:`kvbench.artifacts.shipped_alternative`), the environment variable ``KVBENCH_GATESIGHT_ARTIFACT``,
+    then ``$KVBENCH_CACHE/calibration/gatesight/
     <fingerprint[:16]>/``. The model fingerprint is ``fingerprint`` (argument/attribute) or the parent's
     ``model_fingerprint``; whenever it is known it must equal the artifact's. Absence,
     a fingerprint mismatch or a shape mismatch (layers, KV heads, GDN layout, value heads) is a
@@ -41,6 +43,11 @@ class GateSight(EvictionMethod):
     name = "gatesight"
     default_allocation = "gate"
     artifact: str | os.PathLike | None = None
+    calibration = ""
+    options = {
+        "calibration": "a shipped alternative calibration of the built-in models instead of the default one "
+        "(docs/methods.md#calibration-corpora names them)",
+    }
 
     def __init__(self, seed: int = 0, artifact: str | os.PathLike | None = None, fingerprint: str | None = None):
         super().__init__(seed)
@@ -80,6 +87,8 @@ class GateSight(EvictionMethod):
     def _artifact_path(self, fingerprint: str | None) -> Path:
         if self.artifact is not None:
             return Path(self.artifact)
+        if self.calibration and fingerprint:
+            return shipped_alternative(self.calibration, default_artifact_dir(fingerprint))
         env = os.environ.get(ARTIFACT_ENV)
         if env:
             return Path(env)
