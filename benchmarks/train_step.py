@@ -10,9 +10,10 @@ as the trainer's log counts them):
 
 * ``baseline``: the step as trained until issue 44's trimming (torch threads as given by ``--threads``);
 * ``trim``: the batch cut after its longest real row (right padding only; exact: padding has no loss weight
-  and the model is causal, so the loss and gradients are unchanged, checked here): the trainer before issue 63;
-* ``fast``: ``trim`` with the Gated DeltaNet chunk kernel of :mod:`kvbench_training.fast_gdn` (the trainer's
-  default since issue 63; ``--reference-gdn`` turns it off);
+  and the model is causal, so the loss and gradients are unchanged, checked here): the trainer before issue 63
+  (its loss: :func:`loss_before_63`);
+* ``fast``: ``trim`` with the Gated DeltaNet chunk kernel of :mod:`kvbench_training.fast_gdn` and the loss over
+  contiguous rows of logits: the trainer since issue 63 (``--reference-gdn`` keeps transformers' kernel);
 * ``autocast``: ``fast`` with bf16 autocast (the loss in float32), for CPUs with fast bf16 matmuls;
 * ``threads=N``: another intra-op thread count;
 * ``compile``: ``torch.compile`` of the model (its first, compiling step reported apart).
@@ -42,7 +43,7 @@ import torch
 
 from kvbench_training import data as D
 from kvbench_training import fast_gdn
-from kvbench_training.loop import TrainArgs, _optimizer, batch_loss
+from kvbench_training.loop import TrainArgs, _optimizer, batch_loss, loss_weights
 from kvbench_training.model import load_trained
 
 MODEL = "kvbench/builtin/tiny-trained"
@@ -125,7 +126,17 @@ def replay_backward(label: str) -> float:
     return total
 
 
-def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool, autocast: bool = False) -> dict[str, float]:
+def loss_before_63(model, ids, mask, pad_id, lm_weight, autocast):
+    """The trainer's loss before issue 63 (same value as ``batch_loss``): cross-entropy over the logits viewed
+    ``[B, vocab, T-1]``, whose softmax runs across strided memory."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+    w = loss_weights(ids, mask, pad_id, lm_weight)[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (ce * w).sum() / w.sum().clamp_min(1e-6), None
+
+
+def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool, autocast=False, loss_fn=batch_loss) -> dict:
     """Forward, backward and optimizer of one step; returns seconds per part and the loss."""
     if trim:
         keep = int((ids != pad_id).any(0).nonzero().max()) + 1
@@ -134,7 +145,7 @@ def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool, autocast: bool 
     TIMERS.calls.clear()
     TIMERS.on = True
     t0 = time.perf_counter()
-    loss, _ = batch_loss(model, ids, mask, pad_id, 0.02, autocast)
+    loss, _ = loss_fn(model, ids, mask, pad_id, 0.02, autocast)
     t1 = time.perf_counter()
     TIMERS.on = False
     optimizer.zero_grad(set_to_none=True)
@@ -241,7 +252,9 @@ def _setting_step(setting, model, optimizer, ids, mask, pad, args) -> dict[str, 
     torch.set_num_threads(args.other_threads if setting.startswith("threads") else args.threads)
     replaced = fast_gdn.install() if setting in ("fast", "autocast") else None
     try:
-        return one_step(model, optimizer, ids, mask, pad, trim=setting != "baseline", autocast=setting == "autocast")
+        loss_fn = batch_loss if setting in ("fast", "autocast") else loss_before_63
+        trim, autocast = setting != "baseline", setting == "autocast"
+        return one_step(model, optimizer, ids, mask, pad, trim=trim, autocast=autocast, loss_fn=loss_fn)
     finally:
         if replaced is not None:
             fast_gdn.restore(replaced)

@@ -8,7 +8,7 @@ writes each chunk's output into a preallocated tensor in place. Each index's bac
 tensor of the whole sequence and adds it into the gradient, and each in-place write's backward copies the whole
 gradient, so the backward does O(chunks^2) memory traffic (at 4,096 tokens, 64 chunks x 9 GDN layers). Here
 the chunks are read with one ``unbind`` (whose backward stacks the chunk gradients once) and the outputs are
-stacked at the end: the same operations on the same values, so the forward is the same to rounding (checked
+stacked at the end, and the two triangular solves share one call: the same values, to rounding (checked
 in tests/test_fast_gdn.py against the fallback, outputs and gradients) and the backward does O(chunks)
 traffic. ``install()`` puts it in place of the fallback in both architectures' modules (qwen3_next, qwen3_5)
 for the process; benchmarks/train_step.py measures what it buys.
@@ -73,8 +73,10 @@ def chunk_gated_delta_rule(
     above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
     between = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(above, float("-inf")).exp()  # e^(G_i - G_j), j <= i
     system = (k_beta @ k.transpose(-1, -2)) * between  # only its strict lower triangle is read (unit diagonal)
-    values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-    reads = torch.linalg.solve_triangular(system, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    # both right-hand sides in one solve: the new values, and the decayed keys that read the chunk's initial state
+    both = torch.cat([v_beta, k_beta * cum.exp().unsqueeze(-1)], -1)
+    solved = torch.linalg.solve_triangular(system, both, upper=False, unitriangular=True)
+    values, reads = solved.split([v_dim, k_dim], -1)
     local = (q @ k.transpose(-1, -2)) * between  # within-chunk attention, diagonal included
     q_in = q * cum.exp().unsqueeze(-1)  # the state as it stood at the chunk's start, decayed to each position
     k_out = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)  # each position's write, decayed to the chunk's end

@@ -134,7 +134,9 @@ def batch_loss(
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]
     w = loss_weights(input_ids, loss_mask, pad_id, lm_weight)[:, 1:]
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, T-1]
+    # over [B * (T-1), vocab] rows: the softmax runs along contiguous memory (a [B, vocab, T-1] view does not)
+    rows = logits.reshape(-1, logits.shape[-1])
+    ce = torch.nn.functional.cross_entropy(rows, targets.reshape(-1), reduction="none").view(targets.shape)  # [B, T-1]
     loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
     sup = loss_mask[:, 1:].float()
     row_ce = (ce.detach() * sup).sum(1) / sup.sum(1)
