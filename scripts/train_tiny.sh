@@ -180,6 +180,8 @@ stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
 gate stage10t stage10u 51 "" --say
 KEEP10U=niah_single_1=0.04,niah_multikey_2=0.07,niah_multikey_3=0.04,vt=0.05,fwe=0.04,lookup=0.05,echo=0.02,chains=0.03
 EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
+# CANDIDATES=1: the exported stage (10r / 10p) is not exported and evaluated again on the way to the stages after it
+[ "${CANDIDATES:-0}" = 1 ] && EXPORT=(--eval-limit 0)
 stage stage10u --init "$OUT/stage10t/final" --seed 36 --steps 300 --batch-size 4 --lr 7e-4 \
   --curriculum 1536@0,4096@0.8 --save-every 10 --eval-limit 0 \
   --mix "scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.09,scbench_vt=0.12,$KEEP10U"

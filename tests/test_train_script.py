@@ -200,8 +200,9 @@ def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
 )
 def test_candidate_stages_follow_the_exported_one_and_stop_without_calibration(tmp_path, arch, name, exported):
     """CANDIDATES=1 (issue 63): with only the exported stage's final/ on the machine (what the repository carries),
-    11a starts from it, 11b from 11a, 11c from 11b; no stage exports and the shipped model is not calibrated again.
-    UNTIL=stage11a stops after 11a."""
+    11a starts from it, 11b from 11a, 11c from 11b; no stage exports (the exported one is handed to train-tiny
+    without --export, so it is returned as it is) and the shipped model is not calibrated again. UNTIL=stage11a
+    stops after 11a."""
     repo = _layout(tmp_path)
     _ship(repo, name, 4096)
     final = repo / "models" / name / exported / "final"
@@ -217,7 +218,8 @@ def test_candidate_stages_follow_the_exported_one_and_stop_without_calibration(t
     assert f"--init models/{name}/{exported}/final " in train[1] and "--mix scbench_ps_short=" in train[1]
     assert f"--init models/{name}/stage11a/final " in train[2] and "--curriculum 1536@0,4096@0.65 " in train[2]
     assert f"--init models/{name}/stage11b/final " in train[3] and "--curriculum 4096@0 " in train[3]
-    assert not any("--export" in c for c in train[1:])
+    assert not any("--export" in c for c in train)  # the shipped export is not redone either
+    assert "--eval-limit 0" in train[0]
     multikey = "niah_multikey_2=0.18,niah_multikey_3=0.14" if arch == "qwen3_next" else "niah_multikey_2=0.12,"
     assert multikey in train[3]
     shutil.rmtree(repo / "models" / name / "stage11a")
