@@ -8,22 +8,33 @@ in the step; backward: the same calls replayed forward + backward on their recor
 forward). Then the same steps with each cheap change, side by side, tokens per second (padding included,
 as the trainer's log counts them):
 
-* ``baseline``: what ``kvbench train-tiny`` does (torch threads as given by ``--threads``);
+* ``baseline``: the step as trained until issue 44's trimming (torch threads as given by ``--threads``);
 * ``trim``: the batch cut after its longest real row (right padding only; exact: padding has no loss weight
-  and the model is causal, so the loss and gradients are unchanged, checked here);
+  and the model is causal, so the loss and gradients are unchanged, checked here): the trainer before issue 63
+  (its loss: :func:`loss_before_63`);
+* ``fast``: ``trim`` with the Gated DeltaNet chunk kernel of :mod:`kvbench_training.fast_gdn` and the loss over
+  contiguous rows of logits: the trainer since issue 63 (``--reference-gdn`` keeps transformers' kernel);
+* ``autocast``: ``fast`` with bf16 autocast (the loss in float32), for CPUs with fast bf16 matmuls;
 * ``threads=N``: another intra-op thread count;
 * ``compile``: ``torch.compile`` of the model (its first, compiling step reported apart).
+
+The settings other than ``compile`` take their steps in turn (one step of each, then again), so a machine whose
+load changes during the run slows them alike; each reports the median of its ``--repeat`` steps, and the
+ratios to ``trim`` are printed with the load average before and after.
 
 Packing several short rows into one is not tried: without fla, transformers' torch GDN kernel and causal
 conv ignore ``cu_seqlens``, so the recurrent state would flow from one row into the next.
 
-Usage: nice -n 19 .venv/bin/python benchmarks/train_step.py [--shapes 1x4096,8x512] [--repeat 2]
-       [--settings baseline,trim,threads,compile] [--threads 1] [--other-threads 2] [--no-compile] [--no-breakdown]
+Usage: nice -n 19 .venv/bin/python benchmarks/train_step.py [--shapes 1x4096,8x512] [--repeat 3]
+       [--settings baseline,trim,fast,autocast,threads,compile] [--threads 1] [--other-threads 2] [--no-compile]
+       [--no-breakdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -31,7 +42,8 @@ from contextlib import contextmanager
 import torch
 
 from kvbench_training import data as D
-from kvbench_training.loop import TrainArgs, _optimizer, batch_loss
+from kvbench_training import fast_gdn
+from kvbench_training.loop import TrainArgs, _optimizer, batch_loss, loss_weights
 from kvbench_training.model import load_trained
 
 MODEL = "kvbench/builtin/tiny-trained"
@@ -114,7 +126,17 @@ def replay_backward(label: str) -> float:
     return total
 
 
-def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool) -> dict[str, float]:
+def loss_before_63(model, ids, mask, pad_id, lm_weight, autocast):
+    """The trainer's loss before issue 63 (same value as ``batch_loss``): cross-entropy over the logits viewed
+    ``[B, vocab, T-1]``, whose softmax runs across strided memory."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+    w = loss_weights(ids, mask, pad_id, lm_weight)[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (ce * w).sum() / w.sum().clamp_min(1e-6), None
+
+
+def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool, autocast=False, loss_fn=batch_loss) -> dict:
     """Forward, backward and optimizer of one step; returns seconds per part and the loss."""
     if trim:
         keep = int((ids != pad_id).any(0).nonzero().max()) + 1
@@ -123,7 +145,7 @@ def one_step(model, optimizer, ids, mask, pad_id, *, trim: bool) -> dict[str, fl
     TIMERS.calls.clear()
     TIMERS.on = True
     t0 = time.perf_counter()
-    loss, _ = batch_loss(model, ids, mask, pad_id, 0.02, False)
+    loss, _ = loss_fn(model, ids, mask, pad_id, 0.02, autocast)
     t1 = time.perf_counter()
     TIMERS.on = False
     optimizer.zero_grad(set_to_none=True)
@@ -149,9 +171,9 @@ def breakdown(model, ids, mask, pad_id) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1x4096,8x512", help="the steps measured, ROWSxLENGTH,...")
-    ap.add_argument("--settings", default="baseline,trim,threads,compile", help="which of them to run")
+    ap.add_argument("--settings", default="baseline,trim,fast,autocast,threads,compile", help="which to run")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-component breakdown")
-    ap.add_argument("--repeat", type=int, default=2, help="timed steps per setting (the best is reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed steps per setting (the median is reported)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--other-threads", type=int, default=2, help="0: skip (slow on a busy machine: see docs)")
     ap.add_argument("--no-compile", action="store_true")
@@ -191,42 +213,76 @@ def main() -> None:
     model = load_trained(MODEL)
     model.train()
     chosen = args.settings.split(",")
-    settings = [s for s in ("baseline", "trim") if s in chosen]
+    settings = [s for s in ("baseline", "trim", "fast", "autocast") if s in chosen]
     settings += [f"threads={args.other_threads}"] if "threads" in chosen and args.other_threads else []
-    settings += ["compile"] if "compile" in chosen and not args.no_compile else []
-    print(f"\n== tokens / second (padding included, best of {args.repeat} steps), side by side", flush=True)
+    print(f"\n== tokens / second (padding included, median of {args.repeat} steps), side by side", flush=True)
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     names = "".join(f"{f'{rows} x {n}':>14}" for rows, n in batches)
-    print(f"{'setting':<12}{names}   loss per shape", flush=True)
+    rates: dict[str, list[float]] = {s: [] for s in settings}
+    losses: dict[str, list[float]] = {s: [] for s in settings}
+    for ids, mask in batches.values():
+        optimizer = _optimizer(model, TrainArgs(steps=1, batch_size=1, lr=0.0, seed=0))  # lr 0: weights kept
+        seconds: dict[str, list[float]] = {s: [] for s in settings}
+        for _ in range(args.repeat):
+            for setting in settings:  # in turn, so load changes slow every setting alike
+                parts = _setting_step(setting, model, optimizer, ids, mask, pad, args)
+                seconds[setting].append(parts["forward"] + parts["backward"] + parts["optimizer"])
+                if len(seconds[setting]) == 1:
+                    losses[setting].append(parts["loss"])
+        for setting in settings:
+            median = statistics.median(seconds[setting])
+            rates[setting].append(ids.numel() / median)
+            steps = ", ".join(f"{x:.2f}" for x in seconds[setting])
+            print(f"  ({setting}, {ids.shape[0]} x {ids.shape[1]}: steps {steps} s, median {median:.2f})", flush=True)
+    print(f"{'setting':<12}{names}   loss per shape   (x trim)", flush=True)
     for setting in settings:
-        step_model = model
-        torch.set_num_threads(args.other_threads if setting.startswith("threads") else args.threads)
-        if setting == "compile":
-            step_model = torch.compile(model, dynamic=False)
-        rates, losses = [], []
-        for ids, mask in batches.values():
-            optimizer = _optimizer(model, TrainArgs(steps=1, batch_size=1, lr=0.0, seed=0))  # lr 0: weights kept
-            best = None
-            if setting == "compile":  # one untimed step per shape compiles forward and backward
-                t0 = time.perf_counter()
-                try:
-                    one_step(step_model, optimizer, ids, mask, pad, trim=False)
-                except Exception as exc:  # noqa: BLE001 - report any compile failure and go on
-                    print(f"compile: failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-                    break
-                shape = f"{ids.shape[0]} x {ids.shape[1]}"
-                print(f"(compile: the compiling {shape} step took {time.perf_counter() - t0:.1f} s)", flush=True)
-            for _ in range(args.repeat):
-                parts = one_step(step_model, optimizer, ids, mask, pad, trim=setting == "trim")
-                seconds = parts["forward"] + parts["backward"] + parts["optimizer"]
-                best = seconds if best is None else min(best, seconds)
-            rates.append(ids.numel() / best)
-            losses.append(parts["loss"])
-            print(f"  ({setting}, {ids.shape[0]} x {ids.shape[1]}: {best:.2f} s a step)", flush=True)
-        if len(rates) < len(batches):  # compile failed
-            continue
-        cells = "".join(f"{r:>14,.0f}" for r in rates)
-        print(f"{setting:<12}{cells}   " + ", ".join(f"{x:.5f}" for x in losses), flush=True)
+        cells = "".join(f"{r:>14,.0f}" for r in rates[setting])
+        ratio = ""
+        if "trim" in rates:
+            ratio = "   " + ", ".join(f"{r / t:.2f}x" for r, t in zip(rates[setting], rates["trim"], strict=True))
+        print(f"{setting:<12}{cells}   " + ", ".join(f"{x:.5f}" for x in losses[setting]) + ratio, flush=True)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    if "compile" in chosen and not args.no_compile:
+        _compiled(model, batches, pad, args)
     torch.set_num_threads(args.threads)
+
+
+def _setting_step(setting, model, optimizer, ids, mask, pad, args) -> dict[str, float]:
+    """One timed step of ``setting`` (not ``compile``): its thread count, trimming, GDN kernel and autocast."""
+    torch.set_num_threads(args.other_threads if setting.startswith("threads") else args.threads)
+    replaced = fast_gdn.install() if setting in ("fast", "autocast") else None
+    try:
+        loss_fn = batch_loss if setting in ("fast", "autocast") else loss_before_63
+        trim, autocast = setting != "baseline", setting == "autocast"
+        return one_step(model, optimizer, ids, mask, pad, trim=trim, autocast=autocast, loss_fn=loss_fn)
+    finally:
+        if replaced is not None:
+            fast_gdn.restore(replaced)
+        torch.set_num_threads(args.threads)
+
+
+def _compiled(model, batches, pad, args) -> None:
+    """``torch.compile`` of the model (the reference kernel, untrimmed batches: one shape each), its compiling
+    step reported apart, then tokens / s as the median of ``--repeat`` steps."""
+    step_model = torch.compile(model, dynamic=False)
+    rates, losses = [], []
+    for ids, mask in batches.values():
+        optimizer = _optimizer(model, TrainArgs(steps=1, batch_size=1, lr=0.0, seed=0))
+        t0 = time.perf_counter()
+        try:  # one untimed step per shape compiles forward and backward
+            one_step(step_model, optimizer, ids, mask, pad, trim=False)
+        except Exception as exc:  # noqa: BLE001 - report any compile failure and go on
+            print(f"compile: failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+            return
+        print(f"(compile: the compiling {ids.shape[0]} x {ids.shape[1]} step took {time.perf_counter() - t0:.1f} s)")
+        seconds = []
+        for _ in range(args.repeat):
+            parts = one_step(step_model, optimizer, ids, mask, pad, trim=False)
+            seconds.append(parts["forward"] + parts["backward"] + parts["optimizer"])
+        rates.append(ids.numel() / statistics.median(seconds))
+        losses.append(parts["loss"])
+    cells = "".join(f"{r:>14,.0f}" for r in rates)
+    print(f"{'compile':<12}{cells}   " + ", ".join(f"{x:.5f}" for x in losses), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@
 # twin only): 100 more steps at 4,096 tokens. Stages 10n-10p (both ARCHs, issue 44): SCBench mf from short lists,
 # then every task at 4,096 tokens with RULER's weighted back up; 10q-10r (tiny-trained only): RULER's multi-key
 # and fwe rows weighted up further. Export and calibration after the last (10r for tiny-trained, 10p for the twin).
-# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] bash scripts/train_tiny.sh [OUT]   (default OUT: models/<model name>)
+# CANDIDATES=1 (issue 63): after the exported stage, the stages not shipped yet: 11a (SCBench prefix_suffix and vt
+# from short rows, training-only row kinds scbench_ps_short / scbench_ps_hard / scbench_vt_short), 11b (every
+# SCBench task at 1,536 then 4,096 tokens), 11c (4,096 tokens, RULER's multi-key rows weighted up for
+# tiny-trained); then it stops (no calibration: the shipped weights are unchanged). UNTIL=STAGE stops after STAGE.
+# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] [CANDIDATES=1] [UNTIL=STAGE] bash scripts/train_tiny.sh [OUT]
+#        (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${ARCH:-qwen3_next}
@@ -37,6 +42,7 @@ STAGES+=(stage10s stage10t stage10u)
 [ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v)
 STAGES+=(stage10n stage10o stage10p)
 [ "$ARCH" = qwen3_next ] && STAGES+=(stage10q stage10r)
+[ "${CANDIDATES:-0}" = 1 ] && STAGES+=(stage11a stage11b stage11c)
 finished() { [ -f "$OUT/$1/final/training_args.json" ]; }
 # finished_after NAME: prints the first stage after NAME (in STAGES order) whose final/ is complete; false if none
 finished_after() {
@@ -54,9 +60,10 @@ stage() {
   shift
   if done=$(finished_after "$name"); then
     echo "$name: skipped ($done has finished)" >&2
-    return 0
+  else
+    train --out "$OUT/$name" "$@"
   fi
-  train --out "$OUT/$name" "$@"
+  if [ "${UNTIL:-}" = "$name" ]; then echo "UNTIL=$name: stopping after it" >&2; exit 0; fi
 }
 # gate DONE NEXT PAIRS [KEY_CHARS] [MODE] [TOP1]: stage NEXT starts only once stage DONE has learned key matching
 # at PAIRS pairs (scripts/probe_kv.py on SCBench kv rows of the evaluation seed, keys cut to KEY_CHARS, MODE
@@ -173,6 +180,8 @@ stage stage10t --init "$OUT/stage10s/final" --seed 35 --steps 400 --lr 1e-3 \
 gate stage10t stage10u 51 "" --say
 KEEP10U=niah_single_1=0.04,niah_multikey_2=0.07,niah_multikey_3=0.04,vt=0.05,fwe=0.04,lookup=0.05,echo=0.02,chains=0.03
 EXPORT=(--eval-limit 15 --export "kvbench/builtin/$NAME" --card-note "scripts/${NAME//-/_}_card_note.md")
+# CANDIDATES=1: the exported stage (10r / 10p) is not exported and evaluated again on the way to the stages after it
+[ "${CANDIDATES:-0}" = 1 ] && EXPORT=(--eval-limit 0)
 stage stage10u --init "$OUT/stage10t/final" --seed 36 --steps 300 --batch-size 4 --lr 7e-4 \
   --curriculum 1536@0,4096@0.8 --save-every 10 --eval-limit 0 \
   --mix "scbench_kv16_say=0.1,scbench_kv32_say=0.15,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.09,scbench_vt=0.12,$KEEP10U"
@@ -221,5 +230,30 @@ if [ "$ARCH" = qwen3_next ]; then
     --curriculum 4096@0 --save-every 10 \
     --mix "niah_single_1=0.02,niah_multikey_2=0.25,niah_multikey_3=0.08,vt=0.05,fwe=0.2,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.03,scbench_vt=0.04,lookup=0.08,echo=0.02,chains=0.03" \
     "${EXPORT[@]}"
+fi
+if [ "${CANDIDATES:-0}" = 1 ]; then
+  # Issue 63: SCBench prefix_suffix and vt, as 10n did mf: their generated rows need 690 (prefix_suffix: 5 targets,
+  # 25 strings) and 935 tokens (vt: 5 chains) at the least, so 11a trains the training-only smaller rows (1-5
+  # questions, prefix_suffix with 0-2 or 2 distractors per target) at 384-768 tokens, kv and mf kept (short lists and
+  # few pairs, as 10n). Answers are the generator's: one string, never a list of candidates (the official scorer
+  # counts a substring). 11b: the generated rows at 1,536 then 4,096 tokens. 11c: 4,096 only, RULER's tasks weighted
+  # back up, tiny-trained's multi-key rows most (its niah_multikey_2 / 3 fell 54 / 40 -> 38 / 32 over 10n-10r).
+  AFTER10="$OUT/stage10r/final"
+  [ "$ARCH" = qwen3_5 ] && AFTER10="$OUT/stage10p/final"
+  stage stage11a --init "$AFTER10" --seed 50 --steps 600 --lr 1e-3 \
+    --curriculum 384@0,512@0.5,768@0.8 --save-every 25 --eval-limit 0 \
+    --mix scbench_ps_short=0.22,scbench_ps_hard=0.13,scbench_vt_short=0.25,scbench_mf=0.1,scbench_kv8_say=0.06,scbench_kv8_short_say=0.04,lookup=0.05,chains=0.05,niah_multikey_2=0.04,niah_single_1=0.02,vt=0.04
+  stage stage11b --init "$OUT/stage11a/final" --seed 51 --steps 160 --batch-size 4 --lr 7e-4 \
+    --curriculum 1536@0,4096@0.65 --save-every 10 --eval-limit 0 \
+    --mix "scbench_prefix_suffix=0.14,scbench_ps_hard=0.08,scbench_vt=0.12,scbench_vt_short=0.06,scbench_kv32_say=0.06,scbench_kv64_say=0.1,scbench_mf=0.1,$KEEP10U"
+  if [ "$ARCH" = qwen3_5 ]; then
+    MIX11C=niah_multikey_2=0.12,niah_multikey_3=0.09,niah_single_1=0.03,vt=0.06,fwe=0.08,scbench_kv64_say=0.18,scbench_kv32_say=0.04,scbench_mf=0.12,scbench_prefix_suffix=0.1,scbench_vt=0.08,lookup=0.06,chains=0.04
+  else
+    MIX11C=niah_multikey_2=0.18,niah_multikey_3=0.14,niah_single_1=0.02,vt=0.05,fwe=0.1,scbench_kv64_say=0.1,scbench_mf=0.1,scbench_prefix_suffix=0.1,scbench_vt=0.08,lookup=0.08,echo=0.02,chains=0.03
+  fi
+  stage stage11c --init "$OUT/stage11b/final" --seed 52 --steps 100 --batch-size 4 --lr 5e-4 \
+    --curriculum 4096@0 --save-every 10 --eval-limit 0 --mix "$MIX11C"
+  echo "CANDIDATES=1: stages 11a-11c done; none is exported (the shipped weights and calibration are unchanged)" >&2
+  exit 0
 fi
 bash scripts/calibrate_tiny.sh "$NAME"

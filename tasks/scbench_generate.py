@@ -264,13 +264,15 @@ class _PrefixSuffix(_Gen):
     n_min = TURNS * (1 + 2 * PS_DISTRACTORS)
     unit = "strings"
 
-    def __init__(self, task, seed, index):
+    def __init__(self, task, seed, index, turns: int = TURNS, distractors: int = PS_DISTRACTORS):
         super().__init__(task, seed, index)
+        self.turns, self.distractors = turns, distractors
+        self.n_min = turns * (1 + 2 * distractors)
         self._content = self.rng("strings")
         self._strings: list[str] = []
         q = self.rng("queries")
-        self._fracs = [q.random() for _ in range(TURNS)]
-        self._order = q.sample(range(TURNS), TURNS)
+        self._fracs = [q.random() for _ in range(turns)]
+        self._order = q.sample(range(turns), turns)
 
     @staticmethod
     def _draw(rng: random.Random, k: int) -> str:
@@ -301,12 +303,13 @@ class _PrefixSuffix(_Gen):
         rng = random.Random(f"kvbench-scbench:{self.task}:{self.seed}:{self.index}:distractors:{size}")
         taken = set(spots)
         others = [i for i in range(size) if i not in taken]
-        chosen = rng.sample(others, 2 * PS_DISTRACTORS * TURNS)
+        per = 2 * self.distractors  # distractors of one target
+        chosen = rng.sample(others, per * self.turns)
         for j, p in enumerate(spots):
             prefix, suffix = self._affixes(strings[p])
-            for d, i in enumerate(chosen[j * 2 * PS_DISTRACTORS : (j + 1) * 2 * PS_DISTRACTORS]):
+            for d, i in enumerate(chosen[j * per : (j + 1) * per]):
                 middle = self._draw(rng, len(strings[i]) - 2 * PS_AFFIX)  # the length of the string replaced
-                if d < PS_DISTRACTORS:  # same prefix, another suffix
+                if d < self.distractors:  # same prefix, another suffix
                     strings[i] = prefix + middle + self._draw(rng, PS_AFFIX)
                 else:  # same suffix, another prefix
                     strings[i] = self._draw(rng, PS_AFFIX) + middle + suffix
@@ -325,7 +328,7 @@ class _Vt(_Gen):
     n_min = VT_HOPS + 1
     unit = "noise lines"
 
-    def __init__(self, task, seed, index):
+    def __init__(self, task, seed, index, turns: int = TURNS):
         super().__init__(task, seed, index)
         rng = self.rng("chains")
         names: list[str] = []
@@ -333,8 +336,8 @@ class _Vt(_Gen):
             name = "".join(rng.choices(string.ascii_uppercase, k=5))
             if name not in names:
                 names.append(name)
-        self._chains = [names[c * (VT_HOPS + 1) : (c + 1) * (VT_HOPS + 1)] for c in range(TURNS)]
-        self._values = rng.sample(range(10000, 99999), TURNS)  # RULER: np.random.randint(10000, 99999)
+        self._chains = [names[c * (VT_HOPS + 1) : (c + 1) * (VT_HOPS + 1)] for c in range(TURNS)][:turns]
+        self._values = rng.sample(range(10000, 99999), TURNS)[:turns]  # RULER: np.random.randint(10000, 99999)
 
     def build(self, size: int) -> dict:
         lines = [NOISE] * size
@@ -410,15 +413,41 @@ def _fit(gen: _Gen, measure: Callable[[dict], int], length: int) -> dict:
     return gen.finish(lo_row, lo_m)
 
 
-def generate_row(task: str, index: int, *, length: int, seed: int, measure: Callable[[dict], int]) -> dict:
+def generate_row(
+    task: str,
+    index: int,
+    *,
+    length: int,
+    seed: int,
+    measure: Callable[[dict], int],
+    turns: int = TURNS,
+    distractors: int = PS_DISTRACTORS,
+) -> dict:
     """Row ``index`` of ``task`` in the hub schema: the largest one with ``measure(row) <= length``.
     Depends only on (task, index, length, seed) and ``measure``. Raises :class:`TooShortError` when even the
     smallest row does not fit (naming the length needed) and :class:`KvbenchError` for an unknown task or a
-    seed outside :data:`SEED_RANGE`."""
+    seed outside :data:`SEED_RANGE`.
+
+    ``turns`` (``prefix_suffix`` and ``vt`` only, 1 to :data:`TURNS`) and ``distractors`` (``prefix_suffix``
+    only, 0 to :data:`PS_DISTRACTORS`) make smaller rows than SCBench's for training curricula: the first
+    ``turns`` chains of the full row (vt), or ``turns`` targets with ``distractors`` strings sharing each
+    target's prefix and as many its suffix (prefix_suffix). The defaults give the rows evaluation uses."""
     _check(task, seed)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise KvbenchError(f"scbench/{task}: row index {index!r} must be a non-negative integer")
-    return _fit(_GENERATORS[task](task, seed, index), measure, length)
+    if (turns, distractors) == (TURNS, PS_DISTRACTORS):
+        return _fit(_GENERATORS[task](task, seed, index), measure, length)
+    if task not in ("prefix_suffix", "vt") or not 1 <= turns <= TURNS or not 0 <= distractors <= PS_DISTRACTORS:
+        raise KvbenchError(
+            f"scbench/{task}: turns={turns!r}, distractors={distractors!r}; smaller rows are for prefix_suffix "
+            f"(turns 1-{TURNS}, distractors 0-{PS_DISTRACTORS}) and vt (turns 1-{TURNS}, distractors "
+            f"{PS_DISTRACTORS})"
+        )
+    if task == "vt":
+        if distractors != PS_DISTRACTORS:
+            raise KvbenchError(f"scbench/vt has no distractors; leave distractors at {PS_DISTRACTORS}")
+        return _fit(_Vt(task, seed, index, turns), measure, length)
+    return _fit(_PrefixSuffix(task, seed, index, turns, distractors), measure, length)
 
 
 def generate_rows(task: str, *, length: int, limit: int, seed: int, measure: Callable[[dict], int]) -> Iterator[dict]:

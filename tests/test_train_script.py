@@ -193,3 +193,39 @@ def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
     lines = calls.read_text().splitlines()
     assert not any(line.startswith("probe") for line in lines)
     assert _stages(lines) == ["stage10p"] and lines[-1] == "calibrate tiny-trained-dense"
+
+
+@pytest.mark.parametrize(
+    "arch,name,exported", [("qwen3_next", "tiny-trained", "stage10r"), ("qwen3_5", "tiny-trained-dense", "stage10p")]
+)
+def test_candidate_stages_follow_the_exported_one_and_stop_without_calibration(tmp_path, arch, name, exported):
+    """CANDIDATES=1 (issue 63): with only the exported stage's final/ on the machine (what the repository carries),
+    11a starts from it, 11b from 11a, 11c from 11b; no stage exports (the exported one is handed to train-tiny
+    without --export, so it is returned as it is) and the shipped model is not calibrated again. UNTIL=stage11a
+    stops after 11a."""
+    repo = _layout(tmp_path)
+    _ship(repo, name, 4096)
+    final = repo / "models" / name / exported / "final"
+    final.mkdir(parents=True)
+    (final / "training_args.json").write_text("{}")
+    calls = repo / "calls.txt"
+    env = dict(os.environ, ARCH=arch, CALLS=str(calls), FROM_SCRATCH="0", PROBE="false", CANDIDATES="1")
+    done = subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert _stages(lines) == [exported, "stage11a", "stage11b", "stage11c"] and not any("calibrate" in c for c in lines)
+    train = [c for c in lines if c.startswith("train-tiny")]
+    assert f"--init models/{name}/{exported}/final " in train[1] and "--mix scbench_ps_short=" in train[1]
+    assert f"--init models/{name}/stage11a/final " in train[2] and "--curriculum 1536@0,4096@0.65 " in train[2]
+    assert f"--init models/{name}/stage11b/final " in train[3] and "--curriculum 4096@0 " in train[3]
+    assert not any("--export" in c for c in train)  # the shipped export is not redone either
+    assert "--eval-limit 0" in train[0]
+    multikey = "niah_multikey_2=0.18,niah_multikey_3=0.14" if arch == "qwen3_next" else "niah_multikey_2=0.12,"
+    assert multikey in train[3]
+    shutil.rmtree(repo / "models" / name / "stage11a")
+    shutil.rmtree(repo / "models" / name / "stage11b")
+    shutil.rmtree(repo / "models" / name / "stage11c")
+    calls.unlink()
+    env["UNTIL"] = "stage11a"
+    subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
+    assert _stages(calls.read_text().splitlines()) == [exported, "stage11a"]

@@ -102,6 +102,9 @@ def train_tiny(
     save_every: int = typer.Option(250, "--save-every", help="Checkpoint every N steps."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (1 on a busy machine)."),
+    reference_gdn: bool = typer.Option(
+        False, "--reference-gdn", help="transformers' GDN chunk kernel, not the faster one (same values to rounding)."
+    ),
     eval_limit: int = typer.Option(
         20, "--eval-limit", help="Items per task for the final full-cache RULER eval (0: skip)."
     ),
@@ -166,7 +169,7 @@ def train_tiny(
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    final = T.train(out, args, T.RunOptions(resume=resume, threads=threads, tokenizer=tok))
+    final = T.train(out, args, T.RunOptions(resume=resume, threads=threads, tokenizer=tok, reference_gdn=reference_gdn))
     err_console.print(f"[green]done:[/green] model in {escape(str(final))}")
     target = T.export_builtin(final, export, note=note) if export else final
     if eval_limit > 0:

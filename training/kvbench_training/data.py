@@ -86,8 +86,16 @@ KV_CURRICULUM: dict[str, tuple[int, int]] = {
 }
 #: the range of key lengths (hex characters) of the ``*_short`` curriculum rows
 SHORT_KEY_CHARS = (4, 8)
+#: Training-only SCBench rows smaller than the generator's smallest (see :func:`short_scbench_row`): task ->
+#: (SCBench task, fewest distractors per target, most). The generator's smallest prefix_suffix row (5 targets,
+#: 25 strings) and vt row (5 chains of 5 variables) need about 690 and 935 tokens; these ask 1-5 questions.
+SCBENCH_SHORT: dict[str, tuple[str, int, int]] = {
+    "scbench_ps_short": ("prefix_suffix", 0, 2),  # 0 distractors: the prefix alone names the string (copying)
+    "scbench_ps_hard": ("prefix_suffix", 2, 2),  # SCBench's 2 + 2 distractors per target, fewer targets
+    "scbench_vt_short": ("vt", 0, 0),  # 1-5 chains of 4 hops (vt has no distractors)
+}
 #: Every task a mix may name.
-KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo", *SCBENCH_TASKS, *KV_CURRICULUM)
+KNOWN_TASKS = tuple(t for t, _ in TASK_MIX) + ("lookup", "echo", *SCBENCH_TASKS, *KV_CURRICULUM, *SCBENCH_SHORT)
 FALLBACK_TASK = "recall"  # "lookup" instead when the mix has it (see training_example)
 
 #: (start fraction, row length) of the shipped model's run: 128-token rows first (associative recall is
@@ -260,6 +268,32 @@ def scbench_row(task: str, ex_seed: int, length: int, tokenizer) -> RowParts | N
     except KvbenchError:  # too short for even the smallest row
         return None
     return _scbench_parts(name, row, tokenizer)
+
+
+def short_scbench_row(task: str, ex_seed: int, length: int, tokenizer) -> RowParts | None:
+    """(ids, answer mask, references) of a training-only small SCBench row (``task`` a key of
+    :data:`SCBENCH_SHORT`): the generator's own row for seed ``ex_seed`` (row 0) with a number of questions
+    drawn in 1..TURNS and, for prefix_suffix, of distractors per target drawn in the task's range, filled (list
+    strings, noise lines) to ``length`` tokens and rendered as :func:`scbench_row` renders it. Answers are the
+    generator's: the one string (prefix_suffix; never a list of candidates, whose substrings the official
+    scorer would count), the chain's variables (vt). Fewer questions are tried when the drawn number does not
+    fit; None when one question does not."""
+    from kvbench.tasks.scbench_generate import TURNS, generate_row
+
+    name, fewest, most = SCBENCH_SHORT[task]
+    rng = random.Random(f"kvbench-scbench-short:{ex_seed}")
+    turns, distractors = rng.randint(1, TURNS), rng.randint(fewest, most)
+    extra = {"distractors": distractors} if name == "prefix_suffix" else {}
+    for n in range(turns, 0, -1):
+        try:
+            row = generate_row(
+                name, 0, length=length, seed=ex_seed, measure=lambda r: _scbench_size(name, r, tokenizer),
+                turns=n, **extra,
+            )  # fmt: skip
+        except KvbenchError:  # too short for this many questions
+            continue
+        return _scbench_parts(name, row, tokenizer)
+    return None
 
 
 def kv_curriculum_row(task: str, ex_seed: int, length: int, tokenizer) -> RowParts | None:
@@ -499,6 +533,10 @@ def _task_row(task: str, ex_seed: int, target: int, length: int, tokenizer) -> R
         return chains_row(random.Random(ex_seed), target, tokenizer)
     if task in KV_CURRICULUM:
         return kv_curriculum_row(task, ex_seed, length, tokenizer)
+    if task in SCBENCH_SHORT:
+        return short_scbench_row(task, ex_seed, target, tokenizer) or short_scbench_row(
+            task, ex_seed, length, tokenizer
+        )
     if task in SCBENCH_TASKS:
         return scbench_row(task, ex_seed, target, tokenizer) or scbench_row(task, ex_seed, length, tokenizer)
     return ruler_row(task, ex_seed, target, tokenizer) or ruler_row(task, ex_seed, length, tokenizer)

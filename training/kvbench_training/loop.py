@@ -29,6 +29,7 @@ import torch
 from kvbench.atomic import sha256_of, write_dir
 from kvbench.cpu import local_cores
 from kvbench.errors import KvbenchError
+from kvbench_training import fast_gdn
 from kvbench_training.data import DEFAULT_CURRICULUM, TASK_MIX, curriculum_length, make_batch
 from kvbench_training.model import (
     ARCHS,
@@ -88,6 +89,7 @@ class RunOptions:
     stop_after: int | None = None  # end after this step with a checkpoint (how tests simulate an interruption)
     threads: int | None = None  # torch intra-op threads (None: torch's default)
     tokenizer: Any = None  # a ready tokenizer for a first stage (default: train_tokenizer(args.vocab_size))
+    reference_gdn: bool = False  # transformers' GDN chunk kernel instead of kvbench_training.fast_gdn's
 
 
 @dataclass
@@ -133,7 +135,9 @@ def batch_loss(
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]
     w = loss_weights(input_ids, loss_mask, pad_id, lm_weight)[:, 1:]
-    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, T-1]
+    # over [B * (T-1), vocab] rows: the softmax runs along contiguous memory (a [B, vocab, T-1] view does not)
+    rows = logits.reshape(-1, logits.shape[-1])
+    ce = torch.nn.functional.cross_entropy(rows, targets.reshape(-1), reduction="none").view(targets.shape)  # [B, T-1]
     loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
     sup = loss_mask[:, 1:].float()
     row_ce = (ce.detach() * sup).sum(1) / sup.sum(1)
@@ -518,8 +522,10 @@ def train(out_dir: str | Path, args: TrainArgs, options: RunOptions | None = Non
     (default: ``RunOptions()``).
 
     ``args.autocast`` (bf16 on CPU) is off by default: measured on the 2-core machine it made a step about 4x
-    slower (246 vs 999 tok/s at 8x256, one thread). ``options.threads``: intra-op threads (on a shared 2-core
-    machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s measured).
+    slower (246 vs 999 tok/s at 8x256, one thread; this CPU has no AVX-512 bf16). The Gated DeltaNet layers run
+    :mod:`kvbench_training.fast_gdn`'s chunk kernel (the same values as transformers' fallback to rounding, a
+    faster backward; ``options.reference_gdn`` keeps the fallback). ``options.threads``: intra-op threads (on a
+    shared 2-core machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s).
 
     ``args.init``: a trained model directory (a ``final/`` of an earlier run) whose weights and tokenizer
     this run starts from, with a fresh optimizer: a later training stage. Its ``training_args.json`` and
@@ -538,7 +544,11 @@ def train(out_dir: str | Path, args: TrainArgs, options: RunOptions | None = Non
     run = _start(out_dir, args, options)
     run.model.train()
     end = args.steps if options.stop_after is None else min(args.steps, options.stop_after)
-    _run_steps(out_dir, run, args, end, options.progress)
+    replaced = {} if options.reference_gdn else fast_gdn.install()
+    try:
+        _run_steps(out_dir, run, args, end, options.progress)
+    finally:
+        fast_gdn.restore(replaced)
     if end < args.steps:
         return out_dir / f"checkpoint-{end}"
     return save_final(out_dir / "final", run.model, run.tokenizer, args, run.log)
