@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 
 from kvbench.atomic import write_atomic, write_dir
 from kvbench.cache import cache_dir
+from kvbench.checkpoints import shape
 from kvbench.engines.attention import register_attention
 from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
 from kvbench.errors import ModelError
@@ -295,6 +296,8 @@ def load_model(
     if name_or_path in BUILTIN_MODELS:
         path = str(materialize_builtin(name_or_path))
         name = name_or_path
+    elif shape.is_shape(name_or_path):  # a shape twin of a published model (kvbench.checkpoints.shape)
+        path, name = str(shape.materialize(name_or_path)), name_or_path
     elif Path(name_or_path).exists():
         _check_local_checkpoint(Path(name_or_path))
         path = name_or_path
