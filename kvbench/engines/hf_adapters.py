@@ -206,6 +206,7 @@ class Recorder:
             finally:
                 self._inside = False
 
+        wrapped.__wrapped__ = kernel  # inspect.unwrap reaches transformers' own function through the capture
         return wrapped
 
     def __enter__(self) -> Recorder:
