@@ -518,6 +518,8 @@ def main() -> int:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--budget-s", type=float, default=None, help="whole-check limit (default 480 on CUDA)")
     parser.add_argument("--twin-length", type=int, default=None, help="shape-twin tokens (16384 on CUDA, 512 on CPU)")
+    parser.add_argument("--limit-scale", type=float, default=None,
+                        help="multiply every part's limit (default 1 on CUDA, 4 on a CPU dry run)")  # fmt: skip
     parser.add_argument("--run-part", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -538,7 +540,9 @@ def main() -> int:
         verdict["seconds"] = round(time.perf_counter() - t_all, 1)
         _write_json(args.out / "gpu_check.json", verdict)
 
+    scale = args.limit_scale or (1.0 if args.device.startswith("cuda") else 4.0)
     for name, env_kind, limit, _ in table:
+        limit = limit * scale
         left = budget - (time.perf_counter() - t_all) if budget else limit
         record = _record_file(args.out, name)
         record.unlink(missing_ok=True)
