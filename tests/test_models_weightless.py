@@ -30,20 +30,72 @@ def test_weightless_load_has_the_full_loads_fingerprint_and_no_storage(cache, mo
     assert all(p.device.type == "meta" for p in light.model.parameters())
     assert light.model.config.to_dict() == full.model.config.to_dict()
     assert light.tokenizer.get_vocab() == full.tokenizer.get_vocab()
-    # the fingerprint is per dtype: float32 was never loaded, so it is not known without the weights
-    with pytest.raises(AssertionError, match="weights were loaded"):
-        load_model("tiny-trained", dtype="float32", weights=False)
+    # the fingerprint is per dtype, and known without the weights for a dtype never loaded
+    other = load_model("tiny-trained", dtype="float32", weights=False)
+    assert other.fingerprint != light.fingerprint
 
 
-def test_a_cold_cache_loads_the_weights_once_then_never(cache, monkeypatch):
-    loads = []
-    real = models._load_weights
-    monkeypatch.setattr(models, "_load_weights", lambda *a: loads.append(a) or real(*a))
+def test_a_cold_cache_reads_the_files_once_then_never(cache, monkeypatch):
+    from kvbench.checkpoints import files
+
+    reads = []
+    real = files.checkpoint_fingerprint
+    monkeypatch.setattr(files, "checkpoint_fingerprint", lambda *a: reads.append(a) or real(*a))
+    monkeypatch.setattr(models, "_load_weights", _no_weights)
     first = load_model("tiny-trained-dense", dtype="bfloat16", weights=False)
     second = load_model("tiny-trained-dense", dtype="bfloat16", weights=False)
-    assert len(loads) == 1 and first.fingerprint == second.fingerprint
-    monkeypatch.setattr(models, "_load_weights", real)
-    assert first.fingerprint == load_model("tiny-trained-dense", dtype="bfloat16").fingerprint
+    assert len(reads) == 1 and first.fingerprint == second.fingerprint
+
+
+def test_the_fingerprint_is_the_files_digest_computed_independently(cache):
+    """Recomputed here from the format's definition (kvbench/checkpoints/files.py) with plain hashlib/json."""
+    import hashlib
+    import json
+    import struct
+
+    from transformers import AutoConfig
+
+    lm = load_model("tiny-trained", dtype="float32", weights=False)
+    root = models.materialize_builtin("tiny-trained")
+    h = hashlib.sha256(b"kvbench-fingerprint-v2:torch.float32")
+    h.update(json.dumps(models._canonical_config(AutoConfig.from_pretrained(root).to_dict()), sort_keys=True,
+                        default=str).encode())  # fmt: skip
+    data = (root / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    h.update(b"model.safetensors")
+    h.update(json.dumps(sorted([k, v["dtype"], v["shape"]] for k, v in header.items() if k != "__metadata__")).encode())
+    h.update(hashlib.sha256(data).hexdigest().encode())
+    h.update(json.dumps(sorted(lm.tokenizer.get_vocab().items())).encode())
+    h.update(str(lm.tokenizer.chat_template).encode())
+    assert lm.fingerprint == h.hexdigest()
+
+
+def test_a_hub_cache_blob_is_not_read_again(tmp_path):
+    from kvbench.checkpoints import files
+
+    blob = tmp_path / "blobs" / ("ab" * 32)
+    blob.parent.mkdir()
+    blob.write_bytes(b"not what the name says")  # the cache names a blob by its SHA-256: the name is trusted
+    link = tmp_path / "snapshots" / "model.safetensors"
+    link.parent.mkdir()
+    link.symlink_to(blob)
+    assert files.file_sha256(link) == "ab" * 32
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x" * (files.CHUNK + 5))
+    import hashlib
+
+    assert files.file_sha256(plain) == hashlib.sha256(plain.read_bytes()).hexdigest()
+
+
+def test_a_cut_weights_file_is_refused_by_name(cache, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(models.materialize_builtin("tiny-trained-dense"), ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"\x05")
+    with pytest.raises(models.ModelError, match="cannot fingerprint its files"):
+        load_model(str(ckpt), weights=False)
 
 
 def test_rewritten_weights_are_fingerprinted_again(cache, tmp_path, monkeypatch):

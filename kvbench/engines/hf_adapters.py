@@ -7,7 +7,11 @@ GDN and attention modules, and the modeling module whose GDN kernels we wrap. Du
 * GDN signals per GDN layer ``[n, Hv]``: ``beta``, ``g`` (log decay) and ``||v||`` of the value written
   into the state (after the short conv + SiLU). They are read from the arguments of the module-level
   kernels ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``, which the GDN forward
-  looks up at call time; a forward pre-hook tells the wrapper which layer is running.
+  looks up at call time; a forward pre-hook tells the wrapper which layer is running. With
+  flash-linear-attention / causal-conv1d installed, transformers 5.24 binds their kernels inside those same
+  module-level functions at import, so the wrapper still sees every call, with the same arguments. A kernel bound
+  as an attribute of the GDN layer when it is built (:data:`BOUND_KERNELS`, e.g. by the ``kernels`` package) is
+  wrapped on the layer too; nested wrapped calls record once.
 * the attention output gate per attention layer ``[n, H]``: the second half of ``q_proj``'s output
   (``[.., H, 2*D]``), ``sigmoid`` and mean over the head dim.
 * post-RoPE queries of the last ``query_window`` positions per attention layer ``[H, W, D]``: recorded
@@ -36,6 +40,13 @@ from kvbench.kernel_warnings import (  # noqa: F401 (torch-free for the command 
 from kvbench.models import FAMILIES, SUPPORTED_MODEL_TYPES, Family
 
 GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+#: attribute names under which a GDN kernel may be bound on the layer itself when it is built (the ``kernels``
+#: package's ``use_kernelized_func`` binds transformers' functions so; flash-linear-attention's own names)
+BOUND_KERNELS = GDN_KERNELS + (
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "recurrent_gated_delta_rule",
+)
 
 
 
@@ -159,19 +170,30 @@ class Recorder:
         self.gate: list[list[torch.Tensor]] = [[] for _ in adapter.attn]
         self.queries: list[torch.Tensor | None] = [None for _ in adapter.attn]
         self._current: int | None = None
+        self._inside = False  # a wrapped kernel is running (one wrapped kernel calling another records once)
         self._handles: list = []
         self._patched: list = []
 
     def _wrap(self, kernel):
         def wrapped(query, key, value, *args, **kwargs):
+            if self._inside:
+                return kernel(query, key, value, *args, **kwargs)
             f = self._current
             if f is None:
                 raise ModelError("a GDN kernel ran outside a GDN module forward; the capture hooks are stale")
-            self.beta[f].append(kwargs["beta"].detach()[0].float())
-            self.g[f].append(kwargs["g"].detach()[0].float())
+            # transformers passes g and beta by name; flash-linear-attention's signature is (q, k, v, g, beta, ...)
+            g = kwargs["g"] if "g" in kwargs else args[0]
+            beta = kwargs["beta"] if "beta" in kwargs else args[1]
+            self.beta[f].append(beta.detach()[0].float())
+            self.g[f].append(g.detach()[0].float())
             self.vnorm[f].append(value.detach()[0].float().norm(dim=-1))
-            return kernel(query, key, value, *args, **kwargs)
+            self._inside = True
+            try:
+                return kernel(query, key, value, *args, **kwargs)
+            finally:
+                self._inside = False
 
+        wrapped.__wrapped__ = kernel  # inspect.unwrap reaches transformers' own function through the capture
         return wrapped
 
     def __enter__(self) -> Recorder:
@@ -194,6 +216,12 @@ class Recorder:
                 original = getattr(mod, name)
                 setattr(mod, name, self._wrap(original))
                 self._patched.append((mod, name, original))
+        for module in self.adapter.gdn:  # kernels bound on the layer when it was built
+            for name in BOUND_KERNELS:
+                original = module.__dict__.get(name)
+                if callable(original) and not isinstance(original, nn.Module):
+                    setattr(module, name, self._wrap(original))
+                    self._patched.append((module, name, original))
         return self
 
     def record_queries(self, f: int, query: torch.Tensor) -> None:
@@ -215,9 +243,10 @@ class Recorder:
             got = sum(c.shape[0] for c in chunks)
             if got != n:
                 raise ModelError(
-                    f"GDN layer {self.adapter.gdn[f].layer_idx} recorded {got} of {n} tokens: the kernels kvbench "
-                    "wraps were not called (a kernels/fla override or a transformers change); use transformers 5.24 "
-                    "without the `kernels` package"
+                    f"GDN layer {self.adapter.gdn[f].layer_idx} recorded {got} of {n} tokens: the GDN kernels kvbench "
+                    f"wraps ({', '.join(BOUND_KERNELS)}) were not called (a GDN forward replaced, e.g. by the "
+                    "`kernels` package's kernelize, or a transformers change); use transformers 5.24 without "
+                    "`kernels` (flash-linear-attention and causal-conv1d are fine)"
                 )
         for f, chunks in enumerate(self.gate):
             if sum(c.shape[0] for c in chunks) != n:
@@ -235,5 +264,3 @@ class Recorder:
             "gate": [self._cat(c) for c in self.gate],
             "queries": self.queries,
         }
-
-
