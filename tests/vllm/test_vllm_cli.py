@@ -39,6 +39,15 @@ def test_every_method_runs_on_the_vllm_engine(model, tmp_path, capsys):
     assert kvbench("run", "--method", ",".join(methods), *common, "--out", str(out)) == 0, capsys.readouterr().err
     rows = read_rows(out)
     assert {r["method"] for r in rows} == set(methods)
+    agnostic = [r for r in rows if not r["query_aware"]]  # batched by default: every such child of the context at once
+    assert len(agnostic) > 1 and all(r["answer_batch"] == len(agnostic) for r in agnostic)
+    serial = tmp_path / "serial"  # --answer-batch 1: each child alone, the same predictions
+    assert kvbench("run", "--method", ",".join(methods), *common, "--answer-batch", "1", "--out", str(serial)) == 0
+    alone = {(r["method"], r["allocation"], r["p"]): r for r in read_rows(serial)}
+    assert all(r["answer_batch"] == 1 for r in alone.values())
+    assert {k: r["prediction"] for k, r in alone.items()} == {
+        (r["method"], r["allocation"], r["p"]): r["prediction"] for r in rows
+    }
     assert all(r["engine"] == "vllm" and r["model"] == model and r["real_fork"] for r in rows)
     full = next(r for r in rows if r["method"] == "full")
     half = [r for r in rows if r["p"] == 0.5]
