@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.paper import artifacts as A
-from kvbench.paper.estimate import costs_from_rows, estimate_grid, format_dry_run, load_costs
-from kvbench.paper.numbers import check_numbers, load_numbers, spec_key
-from kvbench.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, evaluate, expand
+from kvbench.methods.gatesight.paper import artifacts as A
+from kvbench.methods.gatesight.paper.estimate import costs_from_rows, estimate_grid, format_dry_run, load_costs
+from kvbench.methods.gatesight.paper.numbers import check_numbers, load_numbers, spec_key
+from kvbench.methods.gatesight.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, evaluate, expand
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "paper" / "gatesight-paper.txt"
 if not PAPER.exists():
@@ -274,8 +274,9 @@ def test_dry_run_lists_every_artifact_and_a_total():
 
 def test_dry_run_cli_is_offline_and_loads_no_torch(tmp_path):
     code = (
-        "import sys\nfrom kvbench.paper.cli import paper\nimport kvbench.paper.artifacts, kvbench.paper.estimate"
-        "\nimport kvbench.paper.verdicts, kvbench.paper.numbers\nassert 'torch' not in sys.modules, 'torch'"
+        "import sys\nfrom kvbench.methods.gatesight.paper.cli import paper\n"
+        "from kvbench.methods.gatesight.paper import "
+        "artifacts, estimate, verdicts, numbers\nassert 'torch' not in sys.modules, 'torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
     out = subprocess.run(
@@ -443,7 +444,7 @@ def test_every_paper_finding_is_measurable_from_its_own_numbers():
 
 
 def test_slow_head_rows_count_only_where_there_are_slow_heads():
-    from kvbench.paper.measure import predictor_values
+    from kvbench.methods.gatesight.paper.measure import predictor_values
 
     pred = {"layer_mean": {"rho": 0.2, "ov@10": 0.3}, "per_layer": [{"rho": 0.2, "ov@10": 0.3}]}
     result = {"predictors": {"slow-head β‖v‖": pred, "age (older first)": pred},
@@ -476,7 +477,7 @@ def test_greatest_with_optional_others():
 def test_a_grid_kind_without_a_stage_is_refused(tmp_path):
     from rich.console import Console
 
-    from kvbench.paper.stages import STAGES, run_plan
+    from kvbench.methods.gatesight.paper.stages import STAGES, run_plan
 
     p = A.plan("tiny")
     only_labels = A.Plan(p.scale, p.models, (), tuple(g for g in p.grids if g.kind == "labels")[:1], {})
@@ -487,3 +488,28 @@ def test_a_grid_kind_without_a_stage_is_refused(tmp_path):
     finally:
         if saved is not None:
             STAGES["labels"] = saved
+
+
+def test_the_paper_lives_outside_the_core():
+    """Issue 64: the reproduction is GateSight's package, registered like any command; no module under kvbench/
+    imports it or names it (rule (c) of test_imports covers strings too), and no stage hook routes around that."""
+    import ast
+
+    from kvbench.methods import BUILTIN_COMMANDS
+    from kvbench.methods.gatesight.paper import stages
+
+    root = Path(__file__).resolve().parent.parent
+    assert not (root / "kvbench" / "paper").exists()
+    assert BUILTIN_COMMANDS["paper"] == "kvbench.methods.gatesight.paper.cli:app"
+    assert not hasattr(stages, "register_stage")
+    assert {"run", "cost", "labels", "eval", "cells"} <= set(stages.STAGES)
+    offenders = []
+    for path in (root / "kvbench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            offenders += [f"{path}:{node.lineno} {n}" for n in names if "paper" in n.split(".")]
+    assert not offenders, offenders

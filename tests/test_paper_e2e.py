@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.paper import artifacts as A
-from kvbench.paper.numbers import load_numbers
-from kvbench.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE
+from kvbench.methods.gatesight.paper import artifacts as A
+from kvbench.methods.gatesight.paper.numbers import load_numbers
+from kvbench.methods.gatesight.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE
 
 REDUCED = ["--limit", "1", "--p", "0.1", "--lengths", "4096", "--repeats", "1", "--threads", "1"]
 

@@ -9,12 +9,13 @@ import math
 
 import pytest
 
-from kvbench.paper import artifacts as A
-from kvbench.paper.measure import measure_all
-from kvbench.paper.numbers import load_numbers, spec_key
-from kvbench.paper.page import build_page, write_page
-from kvbench.paper.stages import grid_paths, half_life_stats
-from kvbench.paper.verdicts import HELD, NOT_HELD
+from kvbench.methods.gatesight.paper import artifacts as A
+from kvbench.methods.gatesight.paper.artifacts import grid_paths
+from kvbench.methods.gatesight.paper.halflife import half_life_stats
+from kvbench.methods.gatesight.paper.measure import measure_all
+from kvbench.methods.gatesight.paper.numbers import load_numbers, spec_key
+from kvbench.methods.gatesight.paper.page import build_page, write_page
+from kvbench.methods.gatesight.paper.verdicts import HELD, NOT_HELD
 from tests.test_report_html import CHROMIUM, FLAGS  # the report's page test: the same browser and flags
 
 BASE = {

@@ -15,13 +15,14 @@ at paper scale the first ``--model`` is ``main``, the second ``second``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.tasks.ruler_data import TASKS as _RULER_TASKS
 from kvbench.tasks.scbench import TASKS as _SCBENCH_TASKS
 from kvbench.tasks.scbench_generate import GENERATED_TASKS
 
-__all__ = ["ARTIFACTS", "SCALES", "Artifact", "Grid", "Plan", "PlannedArtifact", "model_roles", "plan"]
+__all__ = ["ARTIFACTS", "SCALES", "Artifact", "Grid", "Plan", "PlannedArtifact", "grid_paths", "model_roles", "plan"]
 
 SCALES = ("tiny", "paper")
 ALL_P = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)  # = kvbench.budgets.ALL_P (a test checks)
@@ -45,7 +46,7 @@ class Grid:
     ``questions`` (questions per context, for the estimate). Cost: ``lengths`` (tokens), ``repeats``. Labels:
     ``docs_per_kind`` (None: every document of ``--corpus``), ``max_doc_tokens``, ``label_set``. Eval and cells:
     ``label_set`` (which labels), ``window`` (GDN layers), ``artifact`` (evaluate the trained estimator instead of
-    leave-one-corpus-out training)."""
+    leave-one-corpus-out training), ``age_control`` (also Table 5's control: an MLP on the three age features)."""
 
     name: str
     kind: str
@@ -64,6 +65,7 @@ class Grid:
     label_set: str = ""
     window: int = 6
     artifact: bool = False
+    age_control: bool = False
     note: str = ""
 
     def describe(self) -> str:
@@ -88,6 +90,7 @@ class Grid:
                 "single-head oracle (Table 5), decile lifts (Figure 2c)"
             )
         how = "the trained estimator on every document" if self.artifact else "leave-one-corpus-out, ridge and MLP"
+        how += ", and the age-only MLP" if self.age_control else ""
         return f"kvbench gatesight eval on set {self.label_set}: window {self.window}, {how}"
 
 
@@ -327,7 +330,7 @@ def _grids(scale: str, corpus: bool) -> dict[str, Grid]:
             for name in _SETS[scale]
         ],
         *[
-            Grid(f"eval-short-w{w}", kind="eval", models="main", label_set="short", window=w)
+            Grid(f"eval-short-w{w}", kind="eval", models="main", label_set="short", window=w, age_control=w == 6)
             for w in ((3, 6, 9) if tiny else (3, 6, 9, 12))
         ],
         Grid("eval-short-artifact", kind="eval", models="main", label_set="short", artifact=True),
@@ -442,3 +445,18 @@ def shrink(
     grids = {g.name: small(g) for g in p.grids}
     arts = tuple(replace(a, grids=tuple(grids[g.name] for g in a.grids)) for a in p.artifacts)
     return replace(p, artifacts=arts, grids=tuple(grids[g.name] for g in p.grids))
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "__")
+
+
+def grid_paths(out: Path, grid: Grid, model: str) -> Path:
+    """Where a grid's output for ``model`` lives under ``out``."""
+    if grid.kind == "run":
+        return out / "results"
+    if grid.kind == "cost":
+        return out / "cost" / f"{_safe(model)}.json"
+    if grid.kind == "labels":
+        return out / "gatesight" / _safe(model) / f"labels-{grid.label_set}"
+    return out / "gatesight" / _safe(model) / f"{grid.name}.json"

@@ -1,5 +1,5 @@
-"""``kvbench paper``: the command's function, mounted by :mod:`kvbench.cli` (imports nothing heavy until run, so
-``kvbench --help`` stays torch-free)."""
+"""``kvbench paper``: the command (``app``, registered in :data:`kvbench.methods.BUILTIN_COMMANDS` as ``paper``); it
+imports nothing heavy until run, so ``kvbench --help`` stays torch-free."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.console import Console
 
 from kvbench.errors import KvbenchError
 
-__all__ = ["paper"]
+__all__ = ["app", "paper"]
 
 
 def _split(text: str | None) -> list[str]:
@@ -102,8 +102,8 @@ def paper(
 ) -> None:
     """Every table and figure of the GateSight paper: run each one's grid, render paper.md and index.html with the
     paper's numbers beside the measured ones and a verdict per finding (docs/paper.md)."""
-    from kvbench.paper.artifacts import plan, shrink
-    from kvbench.paper.estimate import costs_from_rows, format_dry_run, load_costs
+    from kvbench.methods.gatesight.paper.artifacts import plan, shrink
+    from kvbench.methods.gatesight.paper.estimate import costs_from_rows, format_dry_run, load_costs
 
     console = Console(stderr=True)
     if corpus is not None and not corpus.is_dir():
@@ -130,7 +130,7 @@ def paper(
         raise KvbenchError("--results applies to --dry-run (a real run keeps its rows in --out/results)")
     timings = []
     if not render_only:
-        from kvbench.paper.stages import run_plan
+        from kvbench.methods.gatesight.paper.stages import run_plan
 
         if out.exists() and not out.is_dir():
             raise KvbenchError(f"--out {out} is a file; give a directory")
@@ -145,9 +145,9 @@ def paper(
 def render(p, out: Path, timings: list | None = None) -> Path:
     """Measure what ``out`` holds for plan ``p``, render the page, write ``verdicts.json``; the HTML path."""
     from kvbench.atomic import write_atomic
-    from kvbench.paper.measure import measure_all
-    from kvbench.paper.numbers import load_numbers
-    from kvbench.paper.page import build_page, write_page
+    from kvbench.methods.gatesight.paper.measure import measure_all
+    from kvbench.methods.gatesight.paper.numbers import load_numbers
+    from kvbench.methods.gatesight.paper.page import build_page, write_page
 
     df = _frame([out / "results"])
     measured, raw = measure_all(out, p, df)
@@ -163,3 +163,7 @@ def render(p, out: Path, timings: list | None = None) -> Path:
         ),
     )
     return index
+
+
+app = typer.Typer(add_completion=False)
+app.command("paper")(paper)

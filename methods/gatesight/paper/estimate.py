@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from kvbench.paper.artifacts import Grid, Plan
+from kvbench.methods.gatesight.paper.artifacts import Grid, Plan
 
 __all__ = ["Estimate", "costs_from_rows", "estimate_grid", "format_dry_run", "format_minutes", "load_costs"]
 
@@ -20,7 +20,7 @@ _KINDS_PER_CORPUS = 3  # kvbench.calibration_corpus.CALIBRATION_KINDS: haystack,
 
 def load_costs() -> dict:
     """The packaged ``costs.json``, with ``same_as`` entries resolved."""
-    data = json.loads(resources.files("kvbench.paper").joinpath("costs.json").read_text(encoding="utf-8"))
+    data = json.loads(resources.files(__package__).joinpath("costs.json").read_text(encoding="utf-8"))
     for section in ("run", "cost"):
         for name, entry in list(data.get(section, {}).items()):
             if "same_as" in entry:

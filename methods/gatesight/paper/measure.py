@@ -9,7 +9,7 @@
 * dynamics: Figure 1's half-life statistics;
 * cells: Table 5's oracle row, Figure 2c's decile lifts, Figures 6 and 7 per attention layer (:func:`cell_values`).
 
-Model roles (``main`` / ``second``) come from :func:`kvbench.paper.artifacts.model_roles`.
+Model roles (``main`` / ``second``) come from :func:`kvbench.methods.gatesight.paper.artifacts.model_roles`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kvbench.paper.artifacts import ALL_P, Grid, Plan, model_roles
-from kvbench.paper.numbers import spec_key
+from kvbench.methods.gatesight.paper.artifacts import ALL_P, Grid, Plan, grid_paths, model_roles
+from kvbench.methods.gatesight.paper.numbers import spec_key
 
 __all__ = [
     "accuracy_cells",
@@ -139,7 +139,7 @@ def predictor_values(result: dict, role: str, set_name: str, window: int) -> dic
 
 #: |ρ| above which a cell counts as correlated with U (Figure 6's share)
 CELL_RHO = 0.1
-ORACLE = "best single GDN head (oracle)"  # = kvbench.methods.gatesight.paper_cells.ORACLE (a test checks)
+ORACLE = "best single GDN head (oracle)"  # = kvbench.methods.gatesight.paper.cells.ORACLE (a test checks)
 
 
 def cell_values(cells: dict, role: str, set_name: str, window: int) -> dict[str, float]:
@@ -185,8 +185,6 @@ def measure_all(out: Path, p: Plan, df: Any) -> tuple[dict[str, float], dict[str
     """Every measured value of ``out`` (a ``kvbench paper`` directory) for plan ``p`` and the results frame
     ``df`` (None: no rows), and the raw per-model inputs (``cost``, ``eval``, ``dynamics``, ``cells``) the page
     draws from."""
-    from kvbench.paper.stages import grid_paths
-
     measured = accuracy_values(df, p) if df is not None else {}
     raw: dict[str, dict] = {"cost": {}, "eval": {}, "dynamics": {}, "cells": {}}
     roles = {name: role for role, name in model_roles(p.models).items()}

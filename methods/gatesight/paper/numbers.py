@@ -3,9 +3,9 @@
 Each value names its table / figure (``source``), row and column, its number and unit, and a ``measure``: the
 spec of the quantity kvbench measures for it (see :func:`spec_key`). ``measure.model`` is a role: ``main`` is
 the paper's Qwen3.8-27B, ``second`` its Qwen3.8-Flash-Next; a run maps roles to its own models
-(:func:`kvbench.paper.artifacts.model_roles`).
+(:func:`kvbench.methods.gatesight.paper.artifacts.model_roles`).
 
-Each finding is a sentence of the paper with a ``rule`` (see :mod:`kvbench.paper.verdicts`).
+Each finding is a sentence of the paper with a ``rule`` (see :mod:`kvbench.methods.gatesight.paper.verdicts`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def check_numbers(data: dict) -> None:
 def load_numbers(path: Path | None = None) -> PaperNumbers:
     """``paper_numbers.json`` (the packaged one unless ``path``), schema-checked."""
     if path is None:
-        text = resources.files("kvbench.paper").joinpath("paper_numbers.json").read_text(encoding="utf-8")
+        text = resources.files(__package__).joinpath("paper_numbers.json").read_text(encoding="utf-8")
     else:
         text = Path(path).read_text(encoding="utf-8")
     data = json.loads(text)

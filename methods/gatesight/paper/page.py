@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.paper.artifacts import Plan, PlannedArtifact, model_roles
-from kvbench.paper.numbers import PaperNumbers, spec_key
-from kvbench.paper.verdicts import HELD, NOT_HELD, Verdict, evaluate
+from kvbench.methods.gatesight.paper.artifacts import Plan, PlannedArtifact, model_roles
+from kvbench.methods.gatesight.paper.numbers import PaperNumbers, spec_key
+from kvbench.methods.gatesight.paper.verdicts import HELD, NOT_HELD, Verdict, evaluate
 
 __all__ = ["Block", "build_page", "render_html", "render_markdown", "write_page"]
 
@@ -106,7 +106,7 @@ def _fig_path(out: Path, stem: str, fig: Any) -> Path:
 
 
 def _accuracy_figures(art: PlannedArtifact, df: Any, p: Plan, out: Path, scale: str) -> list[Block]:
-    from kvbench.paper.measure import accuracy_cells
+    from kvbench.methods.gatesight.paper.measure import accuracy_cells
     from kvbench.report import figures as F
     from kvbench.report import tables as T
 
@@ -291,7 +291,7 @@ def _cells_figure(raw: dict, out: Path, scale: str) -> list[Block]:
     """Figure 6: every window cell's ρ(β‖v‖, U), sorted, one panel per attention layer."""
     from matplotlib.figure import Figure
 
-    from kvbench.paper.measure import CELL_RHO
+    from kvbench.methods.gatesight.paper.measure import CELL_RHO
 
     blocks = []
     for model, data in raw.get("cells", {}).items():

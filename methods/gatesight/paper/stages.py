@@ -4,43 +4,25 @@ bar, every output under one directory so that an interrupted ``kvbench paper`` r
 * run grids -> ``DIR/results`` (one results store, :func:`kvbench.runner.run`; finished rows are skipped);
 * the cost grid -> ``DIR/cost/<model>.json`` (:func:`kvbench.cost.measure_cost`; skipped when present);
 * label grids -> ``DIR/gatesight/<model>/labels-<set>`` and ``dynamics-<set>.json`` (Figure 1's half-life
-  statistics, :func:`half_life_stats`), eval grids -> ``DIR/gatesight/<model>/<grid>.json``: GateSight's own label
-  and eval code, run by the stages :mod:`kvbench.methods.gatesight.paper` registers (:func:`register_stage`).
+  statistics, :func:`~.halflife.half_life_stats`), eval grids -> ``DIR/gatesight/<model>/<grid>.json``, cells grids ->
+  ``DIR/gatesight/<model>/cells-<set>.json``: GateSight's own label and eval code (:mod:`.gatesight_stages`,
+  imported when a stage of its kind runs).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.errors import KvbenchError
-from kvbench.paper.artifacts import Grid, Plan
+from kvbench.methods.gatesight.paper.artifacts import Grid, Plan, grid_paths
 
-__all__ = ["STAGES", "grid_paths", "half_life_stats", "register_stage", "run_plan"]
-
-JACCARD_THRESHOLDS = (300, 1000, 4000)
-
-
-def _safe(name: str) -> str:
-    return name.replace("/", "__")
-
-
-def grid_paths(out: Path, grid: Grid, model: str) -> Path:
-    """Where a grid's output for ``model`` lives under ``out``."""
-    if grid.kind == "run":
-        return out / "results"
-    if grid.kind == "cost":
-        return out / "cost" / f"{_safe(model)}.json"
-    if grid.kind == "labels":
-        return out / "gatesight" / _safe(model) / f"labels-{grid.label_set}"
-    return out / "gatesight" / _safe(model) / f"{grid.name}.json"
+__all__ = ["STAGES", "run_plan"]
 
 
 def _run_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
@@ -101,15 +83,26 @@ def _cost_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, con
     save_cost(rows, path, meta)
 
 
-#: grid kind -> the function that runs it, ``fn(grid, model, out, opts, bar, console)``. ``labels`` and ``eval``
-#: (GateSight's label / eval code) are registered by the method's side, :mod:`kvbench.methods.gatesight.paper`, which
-#: the ``kvbench paper`` command imports (the core names no method).
-STAGES: dict[str, Callable] = {"run": _run_grid, "cost": _cost_grid}
+def _gatesight(name: str) -> Callable:
+    """The stage ``name`` of :mod:`.gatesight_stages` (GateSight's label / eval / cells code), imported on first
+    use so that planning and rendering load no torch."""
+
+    def stage(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+        from kvbench.methods.gatesight.paper import gatesight_stages
+
+        getattr(gatesight_stages, name)(grid, model, out, opts, bar, console)
+
+    return stage
 
 
-def register_stage(kind: str, fn: Callable) -> None:
-    """Run grids of ``kind`` with ``fn(grid, model, out, opts, bar, console)``."""
-    STAGES[kind] = fn
+#: grid kind -> the function that runs it, ``fn(grid, model, out, opts, bar, console)``
+STAGES: dict[str, Callable] = {
+    "run": _run_grid,
+    "cost": _cost_grid,
+    "labels": _gatesight("labels_stage"),
+    "eval": _gatesight("eval_stage"),
+    "cells": _gatesight("cells_stage"),
+}
 
 
 def run_plan(p: Plan, out: Path, console: Console, **opts) -> list[tuple[str, str, float]]:
@@ -123,74 +116,8 @@ def run_plan(p: Plan, out: Path, console: Console, **opts) -> list[tuple[str, st
         for grid, model in stages:
             start = time.perf_counter()
             if grid.kind not in STAGES:
-                raise KvbenchError(
-                    f"no stage runs {grid.kind} grids ({grid.name}); run them through `kvbench paper`, which "
-                    "registers them"
-                )
+                raise KvbenchError(f"no stage runs {grid.kind} grids ({grid.name}); give one of {', '.join(STAGES)}")
             STAGES[grid.kind](grid, model, out, opts, bar, bar.console)
             timings.append((grid.name, model, time.perf_counter() - start))
             bar.advance(overall)
     return timings
-
-
-def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    def ranks(x: Sequence[float]) -> list[float]:
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
-    return cov / math.sqrt(va * vb) if va > 0 and vb > 0 else math.nan
-
-
-def _quantile(xs: Sequence[float], q: float) -> float:
-    xs = sorted(x for x in xs if not math.isnan(x))
-    if not xs:
-        return math.nan
-    pos = q * (len(xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def half_life_stats(per_doc: list[list[float]], thresholds: Sequence[int] = JACCARD_THRESHOLDS) -> dict:
-    """Figure 1's statistics from per-document head half-lives (tokens; one flat list of every GDN head per
-    document, ``inf`` for a head that never decays): the median over heads of the per-head median
-    (``median_half_life``), the Spearman ρ of the head ordering for every document pair (``pair_rho_p10/p50/p90``),
-    and per threshold the median Jaccard of each document's slow set (half-life >= threshold) with the global one
-    (median half-life >= threshold; NaN where both are empty)."""
-    cap = 1e12  # inf ranks above every finite half-life
-    docs = [[min(h, cap) for h in d] for d in per_doc]
-    heads = len(docs[0]) if docs else 0
-    median = [_quantile([d[i] for d in docs], 0.5) for i in range(heads)]
-    pairs = [_spearman(a, b) for a, b in itertools.combinations(docs, 2)]
-    out = {
-        "documents": len(docs),
-        "heads": heads,
-        "median_half_life": _quantile(median, 0.5),
-        "pair_rho_p10": _quantile(pairs, 0.1),
-        "pair_rho_p50": _quantile(pairs, 0.5),
-        "pair_rho_p90": _quantile(pairs, 0.9),
-        "pairs": len(pairs),
-        "head_median": median,
-    }
-    for t in thresholds:
-        glob = {i for i, h in enumerate(median) if h >= t}
-        jac = []
-        for d in docs:
-            mine = {i for i, h in enumerate(d) if h >= t}
-            union = mine | glob
-            jac.append(len(mine & glob) / len(union) if union else math.nan)
-        out[f"jaccard_median@{t}"] = _quantile(jac, 0.5)
-        out[f"slow_heads@{t}"] = len(glob)
-    return out

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kvbench.paper.numbers import spec_key
+from kvbench.methods.gatesight.paper.numbers import spec_key
 
 __all__ = ["HELD", "NOT_HELD", "NOT_MEASURABLE", "Case", "Verdict", "describe_spec", "evaluate", "expand"]
 
@@ -177,7 +177,7 @@ def _fmt(v: float) -> str:
 
 
 def evaluate(finding: dict, measured: dict[str, float], model_names: dict[str, str] | None = None) -> Verdict:
-    """The verdict on one finding over ``measured`` (spec key -> value; see :func:`~kvbench.paper.numbers.spec_key`);
+    """The verdict on one finding over ``measured`` (spec key -> value; see :func:`~.numbers.spec_key`);
     ``model_names`` (role -> this run's model name) only labels the deciding numbers."""
     rule = finding["rule"]
     cases = [_case(rule["check"], b, measured, model_names) for b in expand(rule, measured)]
