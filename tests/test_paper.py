@@ -16,7 +16,15 @@ from kvbench.errors import KvbenchError
 from kvbench.methods.gatesight.paper import artifacts as A
 from kvbench.methods.gatesight.paper.estimate import costs_from_rows, estimate_grid, format_dry_run, load_costs
 from kvbench.methods.gatesight.paper.numbers import check_numbers, load_numbers, spec_key
-from kvbench.methods.gatesight.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE, evaluate, expand
+from kvbench.methods.gatesight.paper.verdicts import (
+    CONTRADICTED,
+    HELD,
+    NOT_MEASURABLE,
+    NOT_RESOLVED,
+    PARTLY,
+    evaluate,
+    expand,
+)
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "paper" / "gatesight-paper.txt"
 if not PAPER.exists():
@@ -279,6 +287,8 @@ def test_dry_run_cli_is_offline_and_loads_no_torch(tmp_path):
         "artifacts, estimate, verdicts, numbers\nassert 'torch' not in sys.modules, 'torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
     out = subprocess.run(
         [
             sys.executable,
@@ -289,6 +299,8 @@ def test_dry_run_cli_is_offline_and_loads_no_torch(tmp_path):
             "paper",
             "--model",
             "Qwen/Qwen3.8-27B,Qwen/Qwen3.8-Flash-Next",
+            "--corpus",
+            str(corpus),
             "--dry-run",
         ],
         capture_output=True,
@@ -297,8 +309,13 @@ def test_dry_run_cli_is_offline_and_loads_no_torch(tmp_path):
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin"},
     )
     assert out.returncode == 0, out.stderr
-    assert "Table 3: Every method against KVzip" in out.stdout and "Qwen/Qwen3.8-27B: 1300 contexts" in out.stdout
-    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+    assert "Table 3: Every method against KVzip" in out.stdout
+    assert "Qwen/Qwen3.8-27B: n = 100 contexts per task, 1300 contexts" in out.stdout
+    # the hub models' calibration is a stage of every grid that runs the methods, listed with the grids
+    assert "grids: calibrate-gatesight, calibrate-triattention, main-ruler, main-scbench" in out.stdout
+    assert "calibrate-gatesight: kvbench gatesight label --corpus + train" in out.stdout
+    assert "calibrate-triattention: kvbench calibrate triattention --corpus" in out.stdout
+    assert list(tmp_path.iterdir()) == [corpus]  # a dry run writes nothing
 
 
 # ---------------------------------------------------------------------------------------------------- verdicts
@@ -325,7 +342,8 @@ LEAD = {
 }
 
 
-def test_verdict_held_failed_and_unmeasured():
+def test_verdict_states_on_point_values():
+    """Without recorded units every comparison is a point comparison: the five states from made-up values."""
     both = {
         _acc("gatesight", 0.1): 40.0,
         _acc("kvzip", 0.1): 30.0,
@@ -333,27 +351,28 @@ def test_verdict_held_failed_and_unmeasured():
         _acc("kvzip", 0.1, "second"): 10.0,
     }
     v = evaluate(LEAD, both, {"main": "tiny-a", "second": "tiny-b"})
-    assert v.status == HELD and len(v.deciding) == 2 and "tiny-a" in v.deciding[0] and "= 40.0" in v.deciding[0]
+    assert v.status == HELD and len(v.deciding) == 2 and "tiny-a" in v.deciding[0] and "+10.0 (point)" in v.deciding[0]
     one_fails = {**both, _acc("kvzip", 0.1, "second"): 25.0}
     v = evaluate(LEAD, one_fails)
-    assert v.status == NOT_HELD and len(v.deciding) == 1 and "kvzip" in v.deciding[0] and "25.0" in v.deciding[0]
-    tie = {**both, _acc("kvzip", 0.1): 40.0}  # greater is strict
-    assert evaluate(LEAD, tie).status == NOT_HELD
+    assert v.status == CONTRADICTED and "-5.0" in " ".join(v.deciding)
+    tie = {**both, _acc("kvzip", 0.1): 40.0}  # a tie is on neither side
+    assert evaluate(LEAD, tie).status == NOT_RESOLVED
     half = {k: v for k, v in both.items() if '"second"' not in k}
     v = evaluate(LEAD, half)
-    assert v.status == HELD and v.note == "1 of 2 cases not measured"
+    assert v.status == PARTLY and "1 of 2 cases" in v.note and "kvzip p=0.1, main-ruler, second" in v.note
     v = evaluate(LEAD, {})
-    assert v.status == NOT_MEASURABLE and "not measured" in v.note and not v.deciding
+    assert v.status == NOT_MEASURABLE and "missing" in v.note and not v.deciding
+    assert "every case" in v.rule and "95%" in v.rule
 
 
 def test_count_rule_thresholds():
     rule = {**LEAD, "rule": {**LEAD["rule"], "type": "count", "min": 2, "for": {"model": ["main", "second", "third"]}}}
     m = {_acc("gatesight", 0.1, r): 50.0 for r in ("main", "second", "third")}
     m.update({_acc("kvzip", 0.1, "main"): 10.0, _acc("kvzip", 0.1, "second"): 60.0})
-    assert evaluate(rule, m).status == NOT_MEASURABLE  # 1 held, 1 failed, 1 unknown: could still reach 2
+    assert evaluate(rule, m).status == PARTLY  # 1 held, 1 contradicted, 1 missing: could still reach 2
     m[_acc("kvzip", 0.1, "third")] = 70.0
     v = evaluate(rule, m)
-    assert v.status == NOT_HELD and v.deciding[0].startswith("1 of 3 measured cases hold")
+    assert v.status == CONTRADICTED and v.deciding[0].startswith("1 of 3 cases held")
     m[_acc("kvzip", 0.1, "third")] = 0.0
     assert evaluate(rule, m).status == HELD
 
@@ -381,9 +400,11 @@ def test_chain_ratio_between_and_star_axis():
         _acc("gatesight", 0.1, allocation="flat"): 50.0,
         _acc("gatesight", 0.1, allocation="pyramid"): 49.0,
     }
+    assert evaluate(chain, m).status == NOT_RESOLVED  # gate = flat: a tie is not resolved
+    m[_acc("gatesight", 0.1, allocation="gate")] = 51.0
     assert evaluate(chain, m).status == HELD
-    m[_acc("gatesight", 0.1, allocation="pyramid")] = 51.0
-    assert evaluate(chain, m).status == NOT_HELD
+    m[_acc("gatesight", 0.1, allocation="pyramid")] = 52.0
+    assert evaluate(chain, m).status == CONTRADICTED
     ratio = {
         "id": "r",
         "artifact": "fig2",
@@ -402,8 +423,8 @@ def test_chain_ratio_between_and_star_axis():
     }
     key = lambda metric: spec_key({"kind": "dynamics", "metric": metric, "model": "main"})  # noqa: E731
     assert evaluate(ratio, {key("a"): 0.23, key("b"): 0.10}).status == HELD
-    assert evaluate(ratio, {key("a"): 0.19, key("b"): 0.10}).status == NOT_HELD
-    assert evaluate(ratio, {key("a"): 0.19, key("b"): -0.1}).status == NOT_MEASURABLE  # no positive base
+    assert evaluate(ratio, {key("a"): 0.19, key("b"): 0.10}).status == CONTRADICTED
+    assert evaluate(ratio, {key("a"): 0.19, key("b"): -0.1}).status == NOT_RESOLVED  # no positive base
     between = {
         **ratio,
         "rule": {
@@ -413,7 +434,7 @@ def test_chain_ratio_between_and_star_axis():
         },
     }
     assert evaluate(between, {key("a"): 1.66}).status == HELD
-    assert evaluate(between, {key("a"): 2.3}).status == NOT_HELD
+    assert evaluate(between, {key("a"): 2.3}).status == CONTRADICTED
     star = {"for": {"layer": "*"}}
     layers = {spec_key({"kind": "predictor", "layer": i}): 1.0 for i in (2, 0, 1)}
     assert expand(star, layers) == [{"layer": 0}, {"layer": 1}, {"layer": 2}]
@@ -438,8 +459,10 @@ def test_every_paper_finding_is_measurable_from_its_own_numbers():
         "head-order-stable",
         "slow-set-stable",
     ):
-        assert decided[fid] != NOT_HELD, fid
-    assert decided["gs-leads-kvzip-p01"] == HELD and decided["gate-flat-pyramid-order"] == HELD
+        assert decided[fid] != CONTRADICTED, fid
+    assert decided["gs-leads-kvzip-p01"] == HELD
+    # Table 4's RULER gate and flat tie at p = 0.7 and 0.4: a tie is on neither side
+    assert decided["gate-flat-pyramid-order"] == NOT_RESOLVED
     assert decided["window-3-loses"] == HELD and decided["mlp-beats-ridge-tail"] == HELD
 
 
@@ -459,19 +482,19 @@ def test_slow_head_rows_count_only_where_there_are_slow_heads():
     assert predictor_values(result, "main", "short", 6)[key("slow-head β‖v‖", metric="rho")] == pytest.approx(0.2)
 
 
-def test_greatest_with_optional_others():
+def test_greatest_names_every_missing_comparator():
+    """A comparator not measured is never dropped: the finding is partly measured and names it."""
     rule = {"id": "g", "artifact": "table1_5", "source": "s", "text": "t",
             "rule": {"type": "all", "for": {"model": ["main"]},
                      "check": {"op": "greatest", "others_optional": True, "left": {"kind": "dynamics", "metric": "a"},
                                "others": [{"kind": "dynamics", "metric": m} for m in ("b", "c")]}}}  # fmt: skip
     key = lambda metric: spec_key({"kind": "dynamics", "metric": metric, "model": "main"})  # noqa: E731
     v = evaluate(rule, {key("a"): 0.5, key("b"): 0.1})
-    assert v.status == HELD and v.cases[0].missing == ["c, main"]
-    assert evaluate(rule, {key("a"): 0.5, key("b"): 0.6}).status == NOT_HELD
+    assert v.status == PARTLY and v.cases[0].missing == ["c, main"] and v.missing == ["c, main"]
+    assert v.to_json()["comparators_missing"] == ["c, main"] and "b, main" in v.to_json()["comparators_measured"]
+    assert evaluate(rule, {key("a"): 0.5, key("b"): 0.6}).status == CONTRADICTED
     assert evaluate(rule, {key("a"): 0.5}).status == NOT_MEASURABLE
-    strict = json.loads(json.dumps(rule))
-    del strict["rule"]["check"]["others_optional"]
-    assert evaluate(strict, {key("a"): 0.5, key("b"): 0.1}).status == NOT_MEASURABLE
+    assert evaluate(rule, {key("a"): 0.5, key("b"): 0.1, key("c"): 0.2}).status == HELD
 
 
 def test_a_grid_kind_without_a_stage_is_refused(tmp_path):

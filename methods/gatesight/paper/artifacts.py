@@ -29,6 +29,9 @@ ALL_P = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)  # = kvbench.budgets.ALL_P
 #: the query-agnostic methods of the paper's comparisons (the runner adds the no-prune reference ``full``)
 METHODS = ("gatesight", "snapkv", "triattention", "keydiff", "kvzip")
 ALLOCATIONS = ("gate", "flat", "pyramid")
+#: the methods whose offline calibration a hub model needs before any run grid (the shipped models carry theirs)
+CALIBRATED = ("gatesight", "triattention")
+_CAL = tuple(f"calibrate-{m}" for m in CALIBRATED)
 #: RULER's 13 tasks and SCBench's 12, SCBench's generated four (the benches' own lists; importing them loads no torch)
 RULER_TASKS: tuple[str, ...] = tuple(_RULER_TASKS)
 SCBENCH_TASKS: tuple[str, ...] = tuple(_SCBENCH_TASKS)
@@ -84,6 +87,13 @@ class Grid:
         if self.kind == "labels":
             docs = "every document" if self.docs_per_kind is None else f"{self.docs_per_kind} documents per kind"
             return f"kvbench gatesight label: {docs}, cut to {self.max_doc_tokens} tokens (set {self.label_set})"
+        if self.kind == "calibrate":
+            how = (
+                "kvbench gatesight label --corpus + train: the estimator for the model"
+                if self.methods == ("gatesight",)
+                else f"kvbench calibrate {self.methods[0]} --corpus"
+            )
+            return f"{how} (the shipped models carry theirs; a hub model needs it before any run grid)"
         if self.kind == "cells":
             return (
                 f"per-cell analysis of set {self.label_set}, window {self.window}: cell ρ (Figures 6, 7), the "
@@ -165,7 +175,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Figure 4",
         "Task-averaged accuracy against the kept fraction p, per model and benchmark",
         "curves",
-        grids={"tiny": ("main-ruler", "main-scbench"), "paper": ("main-ruler", "main-scbench")},
+        grids={"tiny": ("main-ruler", "main-scbench"), "paper": (*_CAL, "main-ruler", "main-scbench")},
     ),
     Artifact(
         "table2_8",
@@ -184,14 +194,14 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Table 3",
         "Every method against KVzip: task-averaged accuracy at p = 0.7, 0.4, 0.1, mean",
         "kvzip",
-        grids={"tiny": ("main-ruler", "main-scbench"), "paper": ("main-ruler", "main-scbench")},
+        grids={"tiny": ("main-ruler", "main-scbench"), "paper": (*_CAL, "main-ruler", "main-scbench")},
     ),
     Artifact(
         "table4",
         "Table 4 / Figure 13",
         "Allocation ablation: gate-proportional, flat, PyramidKV at one budget",
         "allocation",
-        grids={"tiny": ("alloc-ruler", "alloc-scbench"), "paper": ("alloc-ruler", "alloc-scbench")},
+        grids={"tiny": ("alloc-ruler", "alloc-scbench"), "paper": (_CAL[0], "alloc-ruler", "alloc-scbench")},
         partial={
             "tiny": "SCBench kv only (qa_eng and many_shot need the hub data); RULER's offline tasks "
             "stand in for cwe, niah_multiquery and niah_multivalue (the latter two need the "
@@ -243,7 +253,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "Figures 9-12",
         "Per-task accuracy against p, per model and benchmark",
         "per_task",
-        grids={"tiny": ("main-ruler", "main-scbench"), "paper": ("main-ruler", "main-scbench")},
+        grids={"tiny": ("main-ruler", "main-scbench"), "paper": (*_CAL, "main-ruler", "main-scbench")},
         partial={
             "tiny": "RULER's six offline tasks and SCBench's four generated tasks (the others need external data)"
         },
@@ -337,10 +347,12 @@ def _grids(scale: str, corpus: bool) -> dict[str, Grid]:
         *[Grid(f"eval-{name}", kind="eval", models="main", label_set=name, artifact=True) for name in _SETS[scale]],
         Grid("cells-short", kind="cells", models="main", label_set="short", window=6),
     ]
+    if not tiny:  # the hub models have no shipped calibration: GateSight's estimator, TriAttention's statistics
+        grids += [Grid(f"calibrate-{m}", kind="calibrate", methods=(m,)) for m in CALIBRATED]
     out = {g.name: g for g in grids}
     if not tiny and not corpus:
         for name, g in out.items():
-            if g.kind in ("labels", "eval", "cells"):
+            if g.kind in ("labels", "eval", "cells", "calibrate"):
                 out[name] = replace(g, note=_NEEDS_CORPUS)
     return out
 
@@ -459,4 +471,6 @@ def grid_paths(out: Path, grid: Grid, model: str) -> Path:
         return out / "cost" / f"{_safe(model)}.json"
     if grid.kind == "labels":
         return out / "gatesight" / _safe(model) / f"labels-{grid.label_set}"
+    if grid.kind == "calibrate":
+        return out / "calibration" / _safe(model) / f"{grid.methods[0]}.json"
     return out / "gatesight" / _safe(model) / f"{grid.name}.json"

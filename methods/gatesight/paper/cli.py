@@ -68,8 +68,9 @@ def paper(
     results: Optional[str] = typer.Option(
         None,
         "--results",
-        help="With --dry-run: results directories whose rows' "
-        "timing columns replace the recorded per-context costs of their models.",
+        help="Render the page into --out from existing rows, computing nothing: a kvbench paper directory (its "
+        "results/, cost/, gatesight/) or results directories, comma separated. With --dry-run: their rows' timing "
+        "columns replace the recorded per-context costs of their models.",
     ),
     render_only: bool = typer.Option(
         False, "--render-only", help="Run nothing: render the page from what --out holds."
@@ -79,6 +80,12 @@ def paper(
         "--corpus",
         help="GateSight label corpus (one subdirectory per "
         "subset); --scale paper needs it for Tables 1/5/6/7 and Figures 1/2/8.",
+    ),
+    data_dir: Optional[Path] = typer.Option(
+        None,
+        "--data-dir",
+        help="External bench data (ruler/, scbench/ from `kvbench data fetch`); --scale paper needs it for RULER's "
+        "data tasks and SCBench's hub tasks. Default $KVBENCH_DATA_DIR.",
     ),
     engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Engine of the run grids."),
     device: str = typer.Option("cpu", "--device", help="torch device (cuda for --scale paper)."),
@@ -104,19 +111,27 @@ def paper(
     paper's numbers beside the measured ones and a verdict per finding (docs/paper.md)."""
     from kvbench.methods.gatesight.paper.artifacts import plan, shrink
     from kvbench.methods.gatesight.paper.estimate import costs_from_rows, format_dry_run, load_costs
+    from kvbench.methods.gatesight.paper.preflight import check_inputs, check_out, parse_args
 
     console = Console(stderr=True)
-    if corpus is not None and not corpus.is_dir():
-        raise KvbenchError(f"--corpus {corpus} is not a directory; give one subdirectory per corpus of documents")
-    try:
-        cost_lengths = tuple(int(x) for x in _split(lengths)) if lengths else None
-    except ValueError:
-        raise KvbenchError(f"--lengths {lengths!r}: give comma-separated integers, e.g. 4096,16384") from None
-    try:
-        ps = tuple(float(x) for x in _split(fractions)) if fractions else None
-    except ValueError:
-        raise KvbenchError(f"--p {fractions!r}: give comma-separated fractions, e.g. 0.7,0.1") from None
-    p = shrink(plan(scale, _split(model) or None, corpus=corpus is not None), limit, cost_lengths, repeats, ps)
+    # every argument is checked here, before any work (issue 67): one line, exit 2
+    args = parse_args(
+        fractions=fractions, lengths=lengths, threads=threads, engine=engine, corpus=corpus, data_dir=data_dir,
+        limit=limit, repeats=repeats, dtype=None if dry_run else dtype,
+    )  # fmt: skip
+    if render_only and results:
+        raise KvbenchError("give --render-only (render --out from itself) or --results DIR (rows elsewhere), not both")
+    p = shrink(
+        plan(scale, _split(model) or None, corpus=corpus is not None),
+        limit,
+        args["lengths"],
+        repeats,
+        args["ps"],
+    )
+    if data_dir is not None:
+        import os
+
+        os.environ["KVBENCH_DATA_DIR"] = str(data_dir.resolve())
     if dry_run:
         costs = load_costs()
         if results:
@@ -126,42 +141,82 @@ def paper(
             costs["run"].update(costs_from_rows(rows).get("run", {}))
         Console().print("\n".join(format_dry_run(p, costs)), markup=False, highlight=False, soft_wrap=True)
         return
-    if results:
-        raise KvbenchError("--results applies to --dry-run (a real run keeps its rows in --out/results)")
-    timings = []
-    if not render_only:
-        from kvbench.methods.gatesight.paper.stages import run_plan
+    check_out(out)
+    if results or render_only:
+        sources = [Path(d) for d in _split(results)] if results else [out]
+        index = render(p, out, sources=sources)
+        console.print(f"page written: {index} (and {out / 'paper.md'})", markup=False, soft_wrap=True)
+        return
+    check_inputs(p, corpus)  # the data and corpus the grids need: one line before any grid
+    from kvbench.methods.gatesight.paper.stages import run_plan
 
-        if out.exists() and not out.is_dir():
-            raise KvbenchError(f"--out {out} is a file; give a directory")
-        out.mkdir(parents=True, exist_ok=True)
-        timings = run_plan(p, out, console, engine=engine, device=device, dtype=dtype, threads=threads, corpus=corpus)
-    elif not out.is_dir():
-        raise KvbenchError(f"--out {out} does not exist; run kvbench paper --out {out} first")
+    _mkdir(out)
+    timings = run_plan(p, out, console, engine=engine, device=device, dtype=dtype, threads=threads, corpus=corpus)
     index = render(p, out, timings)
     console.print(f"page written: {index} (and {out / 'paper.md'})", markup=False, soft_wrap=True)
 
 
-def render(p, out: Path, timings: list | None = None) -> Path:
-    """Measure what ``out`` holds for plan ``p``, render the page, write ``verdicts.json``; the HTML path."""
+def _mkdir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvbenchError(
+            f"--out {out}: cannot create it ({exc.strerror or exc}); choose a writable --out or make its parent "
+            "writable"
+        ) from None
+
+
+def _sources(sources: list[Path]) -> tuple[Path | None, list[Path]]:
+    """``--results`` / ``--render-only`` sources -> (the kvbench paper directory whose cost/ and gatesight/ are
+    read, or None) and the results directories whose rows are read."""
+    home = next((d for d in sources if (d / "results").is_dir()), None)
+    return home, [d / "results" if (d / "results").is_dir() else d for d in sources]
+
+
+def render(p, out: Path, timings: list | None = None, sources: list[Path] | None = None) -> Path:
+    """Measure what ``sources`` hold (default ``out``: a kvbench paper directory) for plan ``p``, render the page
+    into ``out`` and write ``verdicts.json`` there, computing nothing; the HTML path. Refuses in one line when the
+    sources hold no row and no stage output."""
     from kvbench.atomic import write_atomic
     from kvbench.methods.gatesight.paper.measure import measure_all
     from kvbench.methods.gatesight.paper.numbers import load_numbers
     from kvbench.methods.gatesight.paper.page import build_page, write_page
+    from kvbench.methods.gatesight.paper.verdicts import STATES
 
-    df = _frame([out / "results"])
-    measured, raw = measure_all(out, p, df)
+    home, dirs = _sources(sources or [out])
+    missing = [str(d) for d in (sources or [out]) if not d.is_dir()]
+    if missing:
+        raise KvbenchError(f"{', '.join(missing)}: no such directory; give a kvbench paper --out directory or results")
+    df = _frame(dirs)
+    measured, raw = measure_all(home or out, p, df)
+    if df is None and not any(raw.values()):
+        where = ", ".join(str(d) for d in (sources or [out]))
+        raise KvbenchError(
+            f"{where}: no result rows and no stage output for this plan (--scale {p.scale}); run kvbench paper --out "
+            "DIR first, or give the directory that holds its results/"
+        )
+    _mkdir(out)
     blocks, verdicts = build_page(p, load_numbers(), measured, raw, df, out, timings)
-    index = write_page(blocks, out)
-    summary = [{"id": v.finding["id"], "status": v.status, "deciding": v.deciding, "note": v.note} for v in verdicts]
-    write_atomic(
-        out / "verdicts.json",
-        json.dumps(
-            {"scale": p.scale, "models": list(p.models), "verdicts": summary, "measured": measured},
-            indent=1,
-            ensure_ascii=False,
-        ),
-    )
+    try:
+        index = write_page(blocks, out)
+        write_atomic(
+            out / "verdicts.json",
+            json.dumps(
+                {
+                    "scale": p.scale,
+                    "models": list(p.models),
+                    "states": list(STATES),
+                    "verdicts": [v.to_json() for v in verdicts],
+                    "measured": measured,
+                },
+                indent=1,
+                ensure_ascii=False,
+            ),
+        )
+    except OSError as exc:
+        raise KvbenchError(
+            f"--out {out}: cannot write the page ({exc.strerror or exc}); choose a writable --out"
+        ) from None
     return index
 
 

@@ -45,7 +45,10 @@ def _run_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
     pruned = [m for m in grid.methods if m != "full"]
     children = len(pruned) * len(grid.allocations or ("",)) * len(grid.ps) + 1  # + the no-prune reference
     answers = contexts * children * grid.questions
-    counts = f"{contexts} contexts x {children} children x {grid.questions} question(s) = {answers} answers"
+    counts = (
+        f"n = {grid.limit} contexts per task, {contexts} contexts x {children} children x {grid.questions} "
+        f"question(s) = {answers} answers"
+    )
     c = costs.get("run", {}).get(model)
     if c is None:
         return Estimate(grid, model, counts, None, f"no measured cost for {model} (give --results DIR of a run of it)")
@@ -114,6 +117,8 @@ def estimate_grid(grid: Grid, model: str, costs: dict, docs: int | None = None) 
     grid's label set (None: not known)."""
     if grid.kind in ("eval", "cells"):
         return _eval_estimate(grid, model, costs, docs)
+    if grid.kind == "calibrate":
+        return Estimate(grid, model, "1 calibration from --corpus", None, "no measured calibration cost for hub models")
     return {"run": _run_estimate, "cost": _cost_estimate, "labels": _labels_estimate}[grid.kind](grid, model, costs)
 
 

@@ -17,7 +17,7 @@ from kvbench.atomic import write_atomic
 from kvbench.methods.gatesight.paper.artifacts import Grid, grid_paths
 from kvbench.methods.gatesight.paper.halflife import half_life_stats
 
-__all__ = ["cells_stage", "dynamics", "eval_stage", "labels_stage"]
+__all__ = ["calibrate_stage", "cells_stage", "dynamics", "eval_stage", "labels_stage"]
 
 #: label corpora: seeds apart from the shipped calibration corpus (seed 0), so the documents are held out
 CORPUS_SEED = {"short": 1, "2k": 2}
@@ -97,3 +97,45 @@ def cells_stage(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, co
     from .cells import cells_grid
 
     cells_grid(grid, model, out, opts, bar, console)
+
+
+def calibrate_stage(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
+    """A hub model's offline calibration for one method, from ``--corpus`` (paper scale; the shipped models carry
+    theirs): a method that declares a calibration step runs it (``kvbench calibrate METHOD``, into its default
+    place); GateSight without one is labelled on the corpus (the ``labels-short`` recipe) and its estimator trained
+    and saved where the method reads it (``kvbench gatesight label`` + ``train``). ``DIR/calibration/<model>/
+    <method>.json`` records the artifact written, so a rerun skips it."""
+    from kvbench.errors import KvbenchError
+
+    method = grid.methods[0]
+    marker = grid_paths(out, grid, model)
+    if marker.exists():
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        if Path(done.get("artifact", "")).exists():
+            return
+    corpus = opts.get("corpus")
+    if corpus is None:
+        raise KvbenchError(f"calibrating {method} for {model} needs --corpus DIR (the paper's label corpus)")
+    from kvbench.methods import method_class
+    from kvbench.models import load_model
+
+    cls = method_class(method)
+    lm = load_model(model, device=opts.get("device", "cpu"), dtype=opts.get("dtype"))
+    if cls.has_calibration():
+        from kvbench.corpus import read_corpus, round_robin
+
+        texts = [doc.text for doc in round_robin(read_corpus(corpus))]
+        path = cls.calibrate(lm, texts, max_tokens=grid.max_doc_tokens or 32768, out=None)
+    else:  # GateSight's own recipe: label the corpus, train on every document
+        from ..estimator import default_artifact_dir, save_artifact
+        from ..labels import load_labels
+        from ..train import TrainConfig, train_from_labels
+
+        labels = replace(grid, kind="labels", label_set="short", max_doc_tokens=1250, docs_per_kind=None)
+        labels_stage(labels, model, out, opts, bar, console)  # resumes: labelled documents are skipped
+        labels_dir = grid_paths(out, labels, model)
+        config = TrainConfig(window=grid.window)
+        est = train_from_labels(load_labels(labels_dir), config, progress=True, console=console)
+        path = save_artifact(est, default_artifact_dir(lm.fingerprint))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(marker, json.dumps({"method": method, "model": lm.name, "artifact": str(path)}, indent=1))

@@ -24,6 +24,7 @@ from kvbench.methods.gatesight.paper.numbers import spec_key
 
 __all__ = [
     "accuracy_cells",
+    "accuracy_rows",
     "accuracy_values",
     "cell_values",
     "cost_values",
@@ -43,13 +44,11 @@ def eval_set(grid: Grid) -> str:
     return "1k" if grid.artifact and grid.label_set == "short" else grid.label_set
 
 
-def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
-    """Task scores (:func:`kvbench.report.tables.task_scores`) of ``grid``'s rows of ``model``: its bench, tasks
-    and methods (plus ``full``), its allocations (or each method's recorded default)."""
+def accuracy_rows(df: Any, grid: Grid, model: str) -> Any:
+    """The usable rows of ``grid`` on ``model``: its bench, tasks and methods (plus ``full``), its allocations (or
+    each method's recorded default). The rows behind :func:`accuracy_cells` and the verdicts' paired intervals."""
     from kvbench.report import tables as T
 
-    if df is None or len(df) == 0:
-        return T.task_scores(df.iloc[:0]) if df is not None else None
     rows = df[
         (df.model.astype(str) == model)
         & (df.bench.astype(str) == grid.bench)
@@ -65,7 +64,16 @@ def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
         keep = rows.method.astype(str).eq("full") | (
             rows.allocation.astype(str) == rows.method.astype(str).map(lambda m: defaults.get(m) or "")
         )
-    return T.task_scores(rows[keep])
+    return rows[keep]
+
+
+def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
+    """Task scores (:func:`kvbench.report.tables.task_scores`) of :func:`accuracy_rows`."""
+    from kvbench.report import tables as T
+
+    if df is None or len(df) == 0:
+        return T.task_scores(df.iloc[:0]) if df is not None else None
+    return T.task_scores(accuracy_rows(df, grid, model))
 
 
 def accuracy_values(df: Any, p: Plan) -> dict[str, float]:

@@ -102,6 +102,7 @@ STAGES: dict[str, Callable] = {
     "labels": _gatesight("labels_stage"),
     "eval": _gatesight("eval_stage"),
     "cells": _gatesight("cells_stage"),
+    "calibrate": _gatesight("calibrate_stage"),
 }
 
 
