@@ -40,6 +40,7 @@ STATED: dict[tuple[str, str], str] = {
     ("run", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("ruler generate", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("data fetch", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("paper", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("cost", "--model"): f"(default: {DEFAULT_MODEL})",
     ("calibrate", "--model"): f"(default: {DEFAULT_MODEL})",
     ("scbench generate", "--model"): f"(default: {DEFAULT_MODEL})",

@@ -85,7 +85,7 @@ def paper(
         None,
         "--data-dir",
         help="External bench data (ruler/, scbench/ from `kvbench data fetch`); --scale paper needs it for RULER's "
-        "data tasks and SCBench's hub tasks. Default $KVBENCH_DATA_DIR.",
+        "data tasks and SCBench's hub tasks; default $KVBENCH_DATA_DIR.",
     ),
     engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Engine of the run grids."),
     device: str = typer.Option("cpu", "--device", help="torch device (cuda for --scale paper)."),

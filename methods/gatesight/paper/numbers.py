@@ -5,6 +5,10 @@ spec of the quantity kvbench measures for it (see :func:`spec_key`). ``measure.m
 the paper's Qwen3.8-27B, ``second`` its Qwen3.8-Flash-Next; a run maps roles to its own models
 (:func:`kvbench.methods.gatesight.paper.artifacts.model_roles`).
 
+An in-text number (a sentence of Sections 3-5 or Appendices C-F) also carries ``quote``: the paper's words around
+it (a test finds each in the paper's text); one kvbench does not measure has the measure ``{"kind": "text",
+"reason": ...}``.
+
 Each finding is a sentence of the paper with a ``rule`` (see :mod:`kvbench.methods.gatesight.paper.verdicts`).
 """
 
@@ -27,6 +31,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "predictor": ("set", "window", "predictor", "metric"),
     "dynamics": ("metric",),
     "cells": ("metric",),
+    "text": ("reason",),  # an in-text number kvbench does not measure, and why
 }
 _VALUE_KEYS = ("id", "artifact", "source", "row", "column", "value", "unit", "measure")
 _FINDING_KEYS = ("id", "artifact", "source", "text", "rule")

@@ -63,6 +63,8 @@ def _compare_table(
         got = measured.get(spec_key(v["measure"])) if model else None
         unit = v["unit"] if v["unit"] != "%" else "%"
         measured_text = _num(got, v["unit"]) if model else "— (no model in this role)"
+        if v["measure"]["kind"] == "text":
+            measured_text = f"— ({v['measure']['reason']})"
         rows.append(
             [
                 v["source"],

@@ -127,7 +127,7 @@ def check_inputs(p, corpus: Path | None) -> None:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise KvbenchError(
             f"kvbench paper --scale {p.scale} needs bench data it cannot find: {shown}; fetch it with "
-            "`kvbench data fetch ruler,scbench --data-dir DIR` (online) and pass --data-dir DIR"
+            "`kvbench data fetch all --data-dir DIR` (online) and pass --data-dir DIR"
         )
     if p.scale == "paper" and corpus is None:
         raise KvbenchError(
