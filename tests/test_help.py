@@ -16,8 +16,8 @@ import pytest
 
 from kvbench import cli
 from kvbench.distributed import RayOptions
-from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
 from kvbench.methods.gatesight.paper.artifacts import ALL_P, Grid, plan
+from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
 from kvbench.runner import ANSWER_CONTEXTS
 from kvbench_training.data import DEFAULT_CURRICULUM
 from kvbench_training.loop import DEFAULT_STEPS
