@@ -216,3 +216,36 @@ def test_out_under_a_read_only_directory_is_one_line(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and "writable" in err, err
     finally:
         locked.chmod(0o755)
+
+
+def test_paper_scale_refuses_missing_data_then_missing_corpus_before_any_grid(tmp_path, capsys, monkeypatch):
+    """At paper scale a run stops in one line before its first grid: first the bench data it cannot find (named,
+    with the fetch command), then, with data in place, the missing --corpus; nothing is written."""
+    monkeypatch.delenv("KVBENCH_DATA_DIR", raising=False)
+    monkeypatch.delenv("KVBENCH_SCBENCH_HUB", raising=False)
+    out = tmp_path / "out"
+    assert kvbench("paper", "--scale", "paper", "--model", "org/a", "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ruler/squad.json (qa_1)" in err and "scbench repoqa, qa_eng" in err, err
+    assert "kvbench data fetch all --data-dir DIR" in err and not out.exists()
+    data = tmp_path / "data"
+    for rel in ("ruler/PaulGrahamEssays.json", "ruler/squad.json", "ruler/hotpotqa.json"):
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text("[]")
+    for task in A.SCBENCH_TASKS:
+        (data / "scbench" / f"scbench_{task}").mkdir(parents=True)
+        (data / "scbench" / f"scbench_{task}" / "test.jsonl").write_text("{}\n")
+    assert kvbench("paper", "--scale", "paper", "--model", "org/a", "--data-dir", str(data), "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs --corpus DIR" in err and not out.exists(), err
+
+
+def test_paper_scale_calibrates_the_hub_models_before_their_runs():
+    p = A.plan("paper", ["org/a", "org/b"], corpus=True)
+    names = [g.name for g in p.grids]
+    for method in A.CALIBRATED:
+        cal = names.index(f"calibrate-{method}")
+        assert cal < names.index("main-ruler") and cal < names.index("alloc-ruler")
+        assert next(g for g in p.grids if g.name == f"calibrate-{method}").models == "all"
+    assert "calibrate-gatesight" in A.plan("paper", ["org/a"]).blocked  # without --corpus: listed, not run
+    assert not [g for g in A.plan("tiny").grids if g.kind == "calibrate"]  # the shipped models carry theirs

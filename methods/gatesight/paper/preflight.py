@@ -97,14 +97,15 @@ def check_out(out: Path) -> None:
 
 
 def missing_data(p) -> list[str]:
-    """What the plan's run grids need that ``$KVBENCH_DATA_DIR`` lacks: ``"ruler/squad.json (qa_1)"``,
-    ``"scbench kv"``, … (empty: nothing missing)."""
+    """What the plan's run grids need that ``$KVBENCH_DATA_DIR`` lacks, one entry per file or bench:
+    ``"ruler/squad.json (qa_1)"``, ``"scbench kv, qa_eng"``, … (empty: nothing missing)."""
     from kvbench.tasks import ruler_tasks, scbench
     from kvbench.tasks.scbench_generate import GENERATED_TASKS
 
     root = ruler_tasks.data_dir()
     scb = scbench.data_root()
-    out: list[str] = []
+    files: dict[str, list[str]] = {}
+    hub: list[str] = []
     for grid in p.grids:
         if grid.kind != "run":
             continue
@@ -112,11 +113,12 @@ def missing_data(p) -> list[str]:
             if grid.bench == "ruler" and task in ruler_tasks.DATA_FILES:
                 rel = ruler_tasks.DATA_FILES[task]
                 if root is None or not (root / rel).is_file():
-                    out.append(f"{rel} ({task})")
+                    files.setdefault(rel, []).append(task)
             elif grid.bench == "scbench" and task not in GENERATED_TASKS:
                 if os.environ.get(scbench.HUB_ENV) != "1" and (scb is None or not scbench.find_task_files(scb, task)):
-                    out.append(f"scbench {task}")
-    return list(dict.fromkeys(out))
+                    hub.append(task)
+    out = [f"{rel} ({', '.join(dict.fromkeys(tasks))})" for rel, tasks in files.items()]
+    return out + ([f"scbench {', '.join(dict.fromkeys(hub))}"] if hub else [])
 
 
 def check_inputs(p, corpus: Path | None) -> None:
@@ -124,9 +126,8 @@ def check_inputs(p, corpus: Path | None) -> None:
     and the fix, before any grid runs."""
     missing = missing_data(p)
     if missing:
-        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise KvbenchError(
-            f"kvbench paper --scale {p.scale} needs bench data it cannot find: {shown}; fetch it with "
+            f"kvbench paper --scale {p.scale} needs bench data it cannot find: {'; '.join(missing)}; fetch it with "
             "`kvbench data fetch all --data-dir DIR` (online) and pass --data-dir DIR"
         )
     if p.scale == "paper" and corpus is None:
