@@ -565,3 +565,42 @@ def test_the_paper_lives_outside_the_core():
                 names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             offenders += [f"{path}:{node.lineno} {n}" for n in names if "paper" in n.split(".")]
     assert not offenders, offenders
+
+
+def test_predictor_verdicts_resample_the_held_out_corpora():
+    """A predictor metric's units are the evaluation's held-out corpora: a threshold claim (ρ > 0) and a paired
+    claim (the MLP above ridge) get bootstrap intervals over them, computed by hand here for three corpora."""
+    from kvbench.methods.gatesight.paper.evidence import Evidence
+
+    p = A.plan("tiny")
+
+    def evidence(per_corpus: dict[str, dict[str, dict]]) -> Evidence:
+        preds = {name: {"per_corpus": pc} for name, pc in per_corpus.items()}
+        return Evidence(p, None, {"eval": {(p.models[0], "eval-short-w6"): {"predictors": preds}}})
+
+    spec = {"kind": "predictor", "set": "short", "window": 6, "predictor": "β, window mean", "metric": "rho"}
+    rule = {"id": "s", "artifact": "fig2", "source": "s", "text": "t",
+            "rule": {"type": "all", "for": {"model": ["main"]},
+                     "check": {"op": "at_least_value", "value": 0.0, "strict": True, "left": spec}}}  # fmt: skip
+    measured = {spec_key({**spec, "model": "main"}): 0.2}
+    positive = evidence({"β, window mean": {c: {"rho": r} for c, r in zip("abc", (0.1, 0.2, 0.3), strict=True)}})
+    v = evaluate(rule, measured, evidence=positive)
+    iv = v.cases[0].comparisons[0].interval
+    # three corpora: every resample's mean lies in [0.1, 0.3], the full mean is 0.2
+    assert v.status == HELD and iv.units == 3 and iv.unit == "corpora" and iv.diff == pytest.approx(0.2)
+    assert 0.1 - 1e-9 <= iv.lo < 0.2 < iv.hi <= 0.3 + 1e-9
+    mixed = evidence({"β, window mean": {c: {"rho": r} for c, r in zip("abc", (-0.1, 0.2, 0.05), strict=True)}})
+    assert evaluate(rule, measured, evidence=mixed).status == NOT_RESOLVED  # a resample of (-0.1) x 3 is below 0
+    negative = evidence({"β, window mean": {c: {"rho": -r} for c, r in zip("abc", (0.1, 0.2, 0.3), strict=True)}})
+    assert evaluate(rule, measured, evidence=negative).status == CONTRADICTED
+    # paired: the MLP minus ridge in Ov@10 (fractions in the JSON, points in the verdict), corpus by corpus
+    mlp, ridge = "GateSight (per-head MLP)", "ridge regression"
+    pair = {**spec, "metric": "ov@10"}
+    tail = {"id": "m", "artifact": "table1_5", "source": "s", "text": "t",
+            "rule": {"type": "all", "for": {"model": ["main"]},
+                     "check": {"op": "greater", "left": {**pair, "predictor": mlp},
+                               "right": {**pair, "predictor": ridge}}}}  # fmt: skip
+    m2 = {spec_key({**pair, "predictor": x, "model": "main"}): 40.0 for x in (mlp, ridge)}
+    ev = evidence({mlp: {c: {"ov@10": 0.41} for c in "abc"}, ridge: {c: {"ov@10": 0.38} for c in "abc"}})
+    c = evaluate(tail, m2, evidence=ev).cases[0].comparisons[0]
+    assert c.interval.diff == pytest.approx(3.0) and c.interval.width == pytest.approx(0) and c.state == HELD

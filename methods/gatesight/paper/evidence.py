@@ -164,6 +164,39 @@ class Evidence:
         pred = (data or {}).get("predictors", {}).get(spec.get("predictor"))
         return pred if pred and pred.get("per_corpus") else None
 
+    def against(self, spec: dict, bound: float) -> Interval | None:
+        """The interval of ``spec − bound`` (a threshold the paper states) over the units ``spec`` averages: the
+        same paired bootstrap with the threshold as the other side; None where the units are not recorded."""
+        import pandas as pd
+
+        rows = self.rows(spec) if spec.get("kind") == "accuracy" else None
+        if rows is not None:
+            pairs = rows.assign(
+                unit=rows.groupby("task").item.rank(method="dense").astype(int),
+                cell=rows.task + "\x1f" + rows["sub"] + "\x1f" + rows.p.round(4).astype(str),
+                obs=rows.task + "\x1f" + rows.item + "\x1f" + rows.question,
+                a=rows.score,
+                b=float(bound),
+            )
+            return bootstrap_pairs(pairs, "contexts", self.resamples, self.seed)
+        pred = self._eval(spec)
+        if pred is None:
+            return None
+        metric = spec["metric"]
+        vals = [(c, m.get(metric)) for c, m in sorted(pred["per_corpus"].items()) if _finite(m.get(metric))]
+        if not vals:
+            return None
+        pairs = pd.DataFrame(
+            {
+                "unit": [c for c, _ in vals],
+                "cell": ["all"] * len(vals),
+                "obs": ["0"] * len(vals),
+                "a": [_pct(metric, x) for _, x in vals],
+                "b": [float(bound)] * len(vals),
+            }
+        )
+        return bootstrap_pairs(pairs, "corpora", self.resamples, self.seed)
+
     def paired(self, a: dict, b: dict) -> Interval | None:
         """The paired interval of ``a − b`` (two specs of one kind); None where the units are not recorded."""
         import pandas as pd

@@ -16,7 +16,8 @@ Each case becomes one or more *comparisons*, a difference ``d`` that is positive
   (scale-free) claims.
 
 Where both quantities have recorded units (:mod:`.evidence`: contexts of a run grid, corpora of an evaluation),
-d has a paired bootstrap interval (:data:`~.evidence.LEVEL`); a comparison is **held** when the interval lies
+d has a paired bootstrap interval (:data:`~.evidence.LEVEL`; against a threshold, the threshold is the other
+side); a comparison is **held** when the interval lies
 above 0, **contradicted** when it lies below 0, **not resolved** when it spans 0 (a tie lands here). Without units
 it is a point comparison (said so): held for d > 0 (d >= 0 against a non-strict threshold), contradicted for
 d < 0, not resolved for a tie. A comparison whose other side (the comparator) is at the floor (every row 0) is
@@ -272,12 +273,17 @@ def _point_n(ev: Evidence | None, spec: dict) -> str:
 
 
 def _threshold(spec: dict, value: float, bound: float, sign: int, strict: bool, ev, names, paper) -> Comparison:
-    """d = sign × (value − bound): against a threshold the paper states."""
-    d = sign * (value - bound)
+    """d = sign × (value − bound): against a threshold the paper states; with an interval over the units the value
+    averages where they are recorded (the threshold as the other side of the paired bootstrap)."""
+    iv = ev.against(spec, bound) if ev is not None else None
+    if iv is not None and sign < 0:
+        iv = Interval(-iv.diff, -iv.hi, -iv.lo, iv.units, iv.pairs, iv.unit, iv.level)
+    d = iv.diff if iv is not None else sign * (value - bound)
     rel = (">" if strict else ">=") if sign > 0 else ("<" if strict else "<=")
     pv = _paper_value(spec, paper)
     text = f"{describe_spec(spec, names)} {rel} {bound:g} (the paper's threshold)"
-    return Comparison(text, d, None, _point_n(ev, spec), pv, "", _state(d, None, strict))
+    n = f"{iv.units} {iv.unit}, {iv.pairs} values" if iv is not None else _point_n(ev, spec)
+    return Comparison(text, d, iv, n, pv, "", _state(d, iv, strict))
 
 
 def _comparisons(check: dict, specs: list[dict], values: list[float | None], ev, names, paper) -> list[Comparison]:
