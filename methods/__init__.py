@@ -81,11 +81,11 @@ BUILTIN_METHODS: dict[str, str] = {
 
 #: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app", added to the
 #: command registry :data:`kvbench.commands.COMMANDS` (which reads this table; importing it imports no app).
-#: ``paper`` is ``kvbench paper`` (the GateSight paper's tables and figures; the command is the core's
-#: :mod:`kvbench.paper`, its label / eval stages GateSight's own code).
+#: ``paper`` is ``kvbench paper`` (the GateSight paper's tables and figures: :mod:`kvbench.methods.gatesight.paper`,
+#: outside the core, which imports no method, bench or paper module).
 BUILTIN_COMMANDS: dict[str, str] = {
     "gatesight": "kvbench.methods.gatesight.cli:app",
-    "paper": "kvbench.methods.gatesight.paper:app",
+    "paper": "kvbench.methods.gatesight.paper.cli:app",
 }
 
 _BASE = "kvbench.methods.base"  # where the re-exported names live, imported on first use

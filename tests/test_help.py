@@ -17,8 +17,8 @@ import pytest
 from kvbench import cli
 from kvbench.checkpoints import shape
 from kvbench.distributed import RayOptions
+from kvbench.methods.gatesight.paper.artifacts import ALL_P, Grid, plan
 from kvbench.models import BUILTIN_DIR, DEFAULT_LENGTH, DEFAULT_MODEL
-from kvbench.paper.artifacts import ALL_P, Grid, plan
 from kvbench.run.plan import ANSWER_CONTEXTS
 from kvbench_training.data import DEFAULT_CURRICULUM
 from kvbench_training.loop import DEFAULT_STEPS
@@ -42,6 +42,7 @@ STATED: dict[tuple[str, str], str] = {
     ("run", "--shape-layers"): f"{shape.DEFAULT_LAYERS} (one 3 GDN : 1 attention cycle, the default)",
     ("ruler generate", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("data fetch", "--data-dir"): "default $KVBENCH_DATA_DIR",
+    ("paper", "--data-dir"): "default $KVBENCH_DATA_DIR",
     ("cost", "--model"): f"(default: {DEFAULT_MODEL})",
     ("calibrate", "--model"): f"(default: {DEFAULT_MODEL})",
     ("scbench generate", "--model"): f"(default: {DEFAULT_MODEL})",

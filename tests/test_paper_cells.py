@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.gatesight import paper_cells as C
 from kvbench.methods.gatesight.labels import LabelledDoc, LabelSet
-from kvbench.paper import measure
-from kvbench.paper.numbers import spec_key
+from kvbench.methods.gatesight.paper import cells as C
+from kvbench.methods.gatesight.paper import measure
+from kvbench.methods.gatesight.paper.numbers import spec_key
 
 N = 40  # body entries: k = 4 at 10 %, a chance rate of exactly 0.1
 

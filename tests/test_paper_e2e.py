@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.paper import artifacts as A
-from kvbench.paper.numbers import load_numbers
-from kvbench.paper.verdicts import HELD, NOT_HELD, NOT_MEASURABLE
+from kvbench.methods.gatesight.paper import artifacts as A
+from kvbench.methods.gatesight.paper.numbers import load_numbers
+from kvbench.methods.gatesight.paper.verdicts import STATES
 
 REDUCED = ["--limit", "1", "--p", "0.1", "--lengths", "4096", "--repeats", "1", "--threads", "1"]
 
@@ -92,8 +92,8 @@ def _check_page(out: Path) -> dict:
     verdicts = json.loads((out / "verdicts.json").read_text(encoding="utf-8"))
     assert verdicts["scale"] == "tiny" and verdicts["models"] == list(A.TINY_MODELS)
     assert sorted(v["id"] for v in verdicts["verdicts"]) == sorted(f["id"] for f in numbers.findings)
-    assert {v["status"] for v in verdicts["verdicts"]} <= {HELD, NOT_HELD, NOT_MEASURABLE}
-    assert sum(md.count(f"**{s}**") for s in (HELD, NOT_HELD, NOT_MEASURABLE)) == len(numbers.findings)
+    assert {v["status"] for v in verdicts["verdicts"]} <= set(STATES)
+    assert sum(md.count(f"**{s}**") for s in STATES) == len(numbers.findings)
     # every stage ran and wrote its output: the cells analysis, the 4K labels, both models' run rows and costs
     for model in A.TINY_MODELS:
         assert (out / "cost" / f"{model}.json").is_file()

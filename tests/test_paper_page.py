@@ -9,12 +9,13 @@ import math
 
 import pytest
 
-from kvbench.paper import artifacts as A
-from kvbench.paper.measure import measure_all
-from kvbench.paper.numbers import load_numbers, spec_key
-from kvbench.paper.page import build_page, write_page
-from kvbench.paper.stages import grid_paths, half_life_stats
-from kvbench.paper.verdicts import HELD, NOT_HELD
+from kvbench.methods.gatesight.paper import artifacts as A
+from kvbench.methods.gatesight.paper.artifacts import grid_paths
+from kvbench.methods.gatesight.paper.halflife import half_life_stats
+from kvbench.methods.gatesight.paper.measure import measure_all
+from kvbench.methods.gatesight.paper.numbers import load_numbers, spec_key
+from kvbench.methods.gatesight.paper.page import build_page, write_page
+from kvbench.methods.gatesight.paper.verdicts import CONTRADICTED, HELD, NOT_MEASURABLE, NOT_RESOLVED, PARTLY
 from tests.test_report_html import CHROMIUM, FLAGS  # the report's page test: the same browser and flags
 
 BASE = {
@@ -89,6 +90,7 @@ def _eval_json(mlp_ov10: float, ridge_ov10: float) -> dict:
         "random",
         "age (older first)",
         "‖v‖, preceding GDN layer",
+        "‖v‖, window mean",
         "β, window mean",
         "−g, window mean",
         "retention exp(g), window mean",
@@ -187,15 +189,24 @@ def test_verdicts_from_fixture_numbers(page):
     assert v["gate-at-least-flat-pyramid"].status == HELD and v["gate-flat-pyramid-order"].status == HELD
     assert v["gs-beats-probe-free-every-p"].status == HELD
     assert v["gs-near-kvzip-high-p"].status == HELD  # kvzip 84, 78, 72 against gatesight 86, 82, 78 at p >= 0.7
-    assert v["kvzip-pass-vs-prefill"].status == HELD and v["gs-scoring-share-of-prefill"].status == HELD
-    assert v["mlp-beats-ridge-tail"].status == NOT_HELD and v["window-3-loses"].status == NOT_HELD  # rho 0.49 both
+    # the cost findings cover 4K to 256K; the tiny grid measures 4K and 16K: partly measured, the rest named
+    for fid in ("kvzip-pass-vs-prefill", "gs-scoring-share-of-prefill", "gs-cheaper-than-kvzip"):
+        assert v[fid].status == PARTLY and "262144 tokens" in v[fid].note, fid
+        assert {c.state for c in v[fid].cases if c.comparisons} == {HELD}, fid
+    assert v["mlp-beats-ridge-tail"].status == CONTRADICTED  # the MLP's Ov@10 30 under ridge's 35
+    assert v["window-3-loses"].status == NOT_RESOLVED  # Ov@10 25 against 30, but ρ 0.49 on both: a tie
     assert v["head-order-stable"].status == HELD and v["slow-set-stable"].status == HELD
-    assert v["estimator-holds-longer"].status.startswith("not measurable")  # no artifact evaluation in the fixture
+    assert v["estimator-holds-longer"].status == NOT_MEASURABLE  # no artifact evaluation in the fixture
+    assert v["signals-positive"].status == HELD and v["learned-beat-untrained"].status == HELD
     # the per-cell findings from _cells_json: 50 % of window cells above 0.1, none above 0.39, the best GDN layer
     # outside the last window, the oracle's 20 % under ridge's 35 and the MLP's 30; the bottom-decile lift 0.8 < 1
     assert v["cells-informative"].status == HELD and v["no-cell-strong"].status == HELD
     assert v["best-layer-not-always-in-window"].status == HELD and v["oracle-below-learned"].status == HELD
-    assert v["slow-write-decile-lift"].status == NOT_HELD
+    assert v["slow-write-decile-lift"].status == CONTRADICTED
+    # the fixture's scores do not vary by context: paired intervals of zero width, by context, on the page
+    lead = v["gs-leads-kvzip-p01"].cases[0].comparisons[0]
+    assert lead.interval is not None and lead.interval.width == 0 and lead.interval.unit == "contexts"
+    assert lead.interval.units == 2 and lead.paper == pytest.approx(9.5)
     assert "bottom_decile_lift" in " ".join(v["slow-write-decile-lift"].deciding)
 
 
@@ -206,7 +217,12 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     for art in A.ARTIFACTS:
         assert f'id="{art.id}"' in html_text and f"## {art.title}: {art.caption}" in md
     sections = {a.id: md.split(f"## {a.title}: ")[1].split("\n## ")[0] for a in A.ARTIFACTS}
-    assert not [a for a, text in sections.items() if "Not reproduced at --scale tiny" in text]
+    not_run = [a for a, text in sections.items() if "Not reproduced at --scale tiny" in text]
+    assert not_run == ["fig3", "sec4", "fig5", "appD"]  # the diagrams and the text-only statements, with why
+    assert "a diagram of the method" in sections["fig3"] and "an illustration of one document" in sections["fig5"]
+    # an in-text number kvbench does not measure: its location, the paper's value, and the reason in its place
+    assert "| Appendix D | RULER-8K, layer 23 closed as well | score | 39.1 % |" in sections["appD"]
+    assert "— (Appendix D's gate analyses" in sections["appD"]
     assert "8K row is not reproducible at tiny scale" in sections["table6"]
     # Table 5's oracle row beside the paper's, Figure 2c's lifts, Figure 7's best layer outside the last window
     assert "| Table 5 | best single GDN head (oracle) | Ov@10 | 22.6 % | Qwen3.8-27B | 20.0 |" in sections["table1_5"]
@@ -219,7 +235,8 @@ def test_page_has_every_artifact_and_labels_tiny_numbers(page):
     tables = [b for b in md.split("\n\n") if b.startswith("| ") and not b.startswith("| grid | model | seconds")]
     assert len(tables) > len(headers) and all("(tiny-model number)" in t.splitlines()[0] for t in tables)
     assert "measured |" not in md.replace("measured (tiny-model number) |", "")
-    assert md.count("**held**") >= 5 and "**did not hold**" in md
+    assert md.count("**held**") >= 5 and "**contradicted**" in md and "**not resolved**" in md
+    assert "Rule: every case" in md and "kvbench d [95 % interval]" in md
     # Table 3: gatesight's nine-p mean 50 + 40 x 0.5 = 70 against kvzip's 30 + 60 x 0.5 = 60; at 0.1: 54 vs 36
     assert "| main-ruler | tiny-trained-dense | gatesight | 78.0 | 66.0 | 54.0 | 70.0 | +18.0 | +10.0 |" in md
     # Table 4: flat 4 points under gate at every p, pyramid 20

@@ -176,6 +176,7 @@ def untrained_predictors(windows: Sequence[Sequence[int]], slow: torch.Tensor, s
         "random": rand,
         "age (older first)": lambda t, f, doc: -torch.arange(doc.n, dtype=torch.float64)[None],
         "‖v‖, preceding GDN layer": preceding_vnorm,
+        "‖v‖, window mean": window_mean(lambda t, w: t["vnorm"][w]),  # Figure 2a's ‖v‖ (a window mean, its caption)
         "β, window mean": window_mean(lambda t, w: t["beta"][w]),
         "−g, window mean": window_mean(lambda t, w: -t["g"][w]),
         "retention exp(g), window mean": window_mean(lambda t, w: t["g"][w].exp()),

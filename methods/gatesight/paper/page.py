@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.paper.artifacts import Plan, PlannedArtifact, model_roles
-from kvbench.paper.numbers import PaperNumbers, spec_key
-from kvbench.paper.verdicts import HELD, NOT_HELD, Verdict, evaluate
+from kvbench.methods.gatesight.paper.artifacts import Plan, PlannedArtifact, model_roles
+from kvbench.methods.gatesight.paper.evidence import Evidence
+from kvbench.methods.gatesight.paper.numbers import PaperNumbers, spec_key
+from kvbench.methods.gatesight.paper.verdicts import STATES, Verdict, evaluate
 
 __all__ = ["Block", "build_page", "render_html", "render_markdown", "write_page"]
 
@@ -62,6 +63,8 @@ def _compare_table(
         got = measured.get(spec_key(v["measure"])) if model else None
         unit = v["unit"] if v["unit"] != "%" else "%"
         measured_text = _num(got, v["unit"]) if model else "— (no model in this role)"
+        if v["measure"]["kind"] == "text":
+            measured_text = f"— ({v['measure']['reason']})"
         rows.append(
             [
                 v["source"],
@@ -85,17 +88,38 @@ def _compare_table(
     return Block("table", headers=headers, rows=rows)
 
 
-def _verdict_blocks(verdicts: list[Verdict]) -> list[Block]:
-    items = []
+def _interval_text(c) -> str:
+    iv = c.interval
+    if iv is None:
+        return f"{_num(c.d)} (point)"
+    return f"{_num(c.d)} [{_num(iv.lo)}, {_num(iv.hi)}], width {abs(iv.width):.3g}"
+
+
+def _verdict_blocks(verdicts: list[Verdict], scale: str) -> list[Block]:
+    """Per finding: its state and sentence, its rule in words, and a table of every comparison of every case with
+    kvbench's difference, its interval and width, n, the paper's own difference and the comparison's state."""
+    out: list[Block] = []
     for vd in verdicts:
         f = vd.finding
-        text = f"**{vd.status}** — {f['text']} ({f['source']})"
-        if vd.deciding:
-            text += " Deciding: " + " | ".join(vd.deciding[:6]) + (" | …" if len(vd.deciding) > 6 else "")
+        text = f"**{vd.status}** — {f['text']} ({f['source']}). Rule: {vd.rule}."
         if vd.note:
-            text += f" ({vd.note})"
-        items.append([text])
-    return [Block("list", rows=items)] if items else []
+            text += f" Note: {vd.note}."
+        out.append(Block("list", rows=[[text]]))
+        rows = []
+        for case in vd.cases:
+            where = ", ".join(f"{k}={v}" for k, v in case.binding.items())
+            for c in case.comparisons:
+                paper = _num(c.paper) if c.paper is not None else "—"
+                state = c.state + (f" ({c.floor})" if c.floor else "")
+                rows.append([where, c.text, paper, _interval_text(c), c.n, state])
+            if case.missing:
+                rows.append([where, "not measured: " + "; ".join(case.missing), "", "", "", "missing"])
+        if rows:
+            tiny = " (tiny-model number)" if scale == "tiny" else ""
+            headers = ["case", "comparison (d > 0: the finding's side)", "paper", f"kvbench d [95 % interval]{tiny}",
+                       "n", "state"]  # fmt: skip
+            out.append(Block("table", headers=headers, rows=rows))
+    return out
 
 
 def _fig_path(out: Path, stem: str, fig: Any) -> Path:
@@ -106,7 +130,7 @@ def _fig_path(out: Path, stem: str, fig: Any) -> Path:
 
 
 def _accuracy_figures(art: PlannedArtifact, df: Any, p: Plan, out: Path, scale: str) -> list[Block]:
-    from kvbench.paper.measure import accuracy_cells
+    from kvbench.methods.gatesight.paper.measure import accuracy_cells
     from kvbench.report import figures as F
     from kvbench.report import tables as T
 
@@ -291,7 +315,7 @@ def _cells_figure(raw: dict, out: Path, scale: str) -> list[Block]:
     """Figure 6: every window cell's ρ(β‖v‖, U), sorted, one panel per attention layer."""
     from matplotlib.figure import Figure
 
-    from kvbench.paper.measure import CELL_RHO
+    from kvbench.methods.gatesight.paper.measure import CELL_RHO
 
     blocks = []
     for model, data in raw.get("cells", {}).items():
@@ -363,8 +387,11 @@ def build_page(
     out: Path,
     timings: list | None = None,
 ) -> tuple[list[Block], list[Verdict]]:
-    """The page's blocks (figures written under ``out/figures``) and every finding's verdict."""
+    """The page's blocks (figures written under ``out/figures``) and every finding's verdict (paired intervals from
+    the rows of ``df`` and the evaluations in ``raw``)."""
     roles = model_roles(p.models)
+    evidence = Evidence(p, df, raw)
+    paper = {spec_key(v["measure"]): float(v["value"]) for v in numbers.values}
     scale = p.scale
     verdicts_all: list[Verdict] = []
     blocks = [Block("h1", "The GateSight paper, reproduced by kvbench")]
@@ -397,11 +424,11 @@ def build_page(
         if values:
             blocks.append(Block("p", "The paper's numbers beside kvbench's:"))
             blocks.append(_compare_table(values, measured, roles, scale, numbers.models))
-        verdicts = [evaluate(f, measured, roles) for f in numbers.findings_for(art.id)]
+        verdicts = [evaluate(f, measured, roles, evidence, paper) for f in numbers.findings_for(art.id)]
         verdicts_all += verdicts
         if verdicts:
             blocks.append(Block("p", "Findings:"))
-            blocks += _verdict_blocks(verdicts)
+            blocks += _verdict_blocks(verdicts, scale)
         if pa.reason:
             continue
         section = art.section
@@ -421,14 +448,16 @@ def build_page(
             blocks += _best_layer_blocks(raw, out, scale)
         if section == "per_layer":
             blocks += _per_layer_figure(raw, out, scale)
-    counts = {s: sum(v.status == s for v in verdicts_all) for s in (HELD, NOT_HELD)}
-    unmeasured = len(verdicts_all) - sum(counts.values())
+    counts = {s: sum(v.status == s for v in verdicts_all) for s in STATES}
     blocks.insert(
         summary_at,
         Block(
             "p",
-            f"Findings: {counts[HELD]} held, {counts[NOT_HELD]} did not hold, {unmeasured} "
-            f"not measurable at this scale, of {len(verdicts_all)}.",
+            "Findings: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + f", of {len(verdicts_all)}. A verdict is about the paper's direction or order, judged by paired "
+            "bootstrap 95 % intervals over the same contexts (or corpora); the paper's magnitudes stand beside "
+            "kvbench's and are thresholds only where the paper's claim is itself a scale-free number.",
         ),
     )
     if timings:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from kvbench.paper.artifacts import Grid, Plan
+from kvbench.methods.gatesight.paper.artifacts import Grid, Plan
 
 __all__ = ["Estimate", "costs_from_rows", "estimate_grid", "format_dry_run", "format_minutes", "load_costs"]
 
@@ -20,7 +20,7 @@ _KINDS_PER_CORPUS = 3  # kvbench.calibration_corpus.CALIBRATION_KINDS: haystack,
 
 def load_costs() -> dict:
     """The packaged ``costs.json``, with ``same_as`` entries resolved."""
-    data = json.loads(resources.files("kvbench.paper").joinpath("costs.json").read_text(encoding="utf-8"))
+    data = json.loads(resources.files(__package__).joinpath("costs.json").read_text(encoding="utf-8"))
     for section in ("run", "cost"):
         for name, entry in list(data.get(section, {}).items()):
             if "same_as" in entry:
@@ -45,7 +45,10 @@ def _run_estimate(grid: Grid, model: str, costs: dict) -> Estimate:
     pruned = [m for m in grid.methods if m != "full"]
     children = len(pruned) * len(grid.allocations or ("",)) * len(grid.ps) + 1  # + the no-prune reference
     answers = contexts * children * grid.questions
-    counts = f"{contexts} contexts x {children} children x {grid.questions} question(s) = {answers} answers"
+    counts = (
+        f"n = {grid.limit} contexts per task, {contexts} contexts x {children} children x {grid.questions} "
+        f"question(s) = {answers} answers"
+    )
     c = costs.get("run", {}).get(model)
     if c is None:
         return Estimate(grid, model, counts, None, f"no measured cost for {model} (give --results DIR of a run of it)")
@@ -114,6 +117,8 @@ def estimate_grid(grid: Grid, model: str, costs: dict, docs: int | None = None) 
     grid's label set (None: not known)."""
     if grid.kind in ("eval", "cells"):
         return _eval_estimate(grid, model, costs, docs)
+    if grid.kind == "calibrate":
+        return Estimate(grid, model, "1 calibration from --corpus", None, "no measured calibration cost for hub models")
     return {"run": _run_estimate, "cost": _cost_estimate, "labels": _labels_estimate}[grid.kind](grid, model, costs)
 
 

@@ -9,7 +9,7 @@
 * dynamics: Figure 1's half-life statistics;
 * cells: Table 5's oracle row, Figure 2c's decile lifts, Figures 6 and 7 per attention layer (:func:`cell_values`).
 
-Model roles (``main`` / ``second``) come from :func:`kvbench.paper.artifacts.model_roles`.
+Model roles (``main`` / ``second``) come from :func:`kvbench.methods.gatesight.paper.artifacts.model_roles`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kvbench.paper.artifacts import ALL_P, Grid, Plan, model_roles
-from kvbench.paper.numbers import spec_key
+from kvbench.methods.gatesight.paper.artifacts import ALL_P, Grid, Plan, grid_paths, model_roles
+from kvbench.methods.gatesight.paper.numbers import spec_key
 
 __all__ = [
     "accuracy_cells",
+    "accuracy_rows",
     "accuracy_values",
     "cell_values",
     "cost_values",
@@ -43,13 +44,11 @@ def eval_set(grid: Grid) -> str:
     return "1k" if grid.artifact and grid.label_set == "short" else grid.label_set
 
 
-def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
-    """Task scores (:func:`kvbench.report.tables.task_scores`) of ``grid``'s rows of ``model``: its bench, tasks
-    and methods (plus ``full``), its allocations (or each method's recorded default)."""
+def accuracy_rows(df: Any, grid: Grid, model: str) -> Any:
+    """The usable rows of ``grid`` on ``model``: its bench, tasks and methods (plus ``full``), its allocations (or
+    each method's recorded default). The rows behind :func:`accuracy_cells` and the verdicts' paired intervals."""
     from kvbench.report import tables as T
 
-    if df is None or len(df) == 0:
-        return T.task_scores(df.iloc[:0]) if df is not None else None
     rows = df[
         (df.model.astype(str) == model)
         & (df.bench.astype(str) == grid.bench)
@@ -65,7 +64,16 @@ def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
         keep = rows.method.astype(str).eq("full") | (
             rows.allocation.astype(str) == rows.method.astype(str).map(lambda m: defaults.get(m) or "")
         )
-    return T.task_scores(rows[keep])
+    return rows[keep]
+
+
+def accuracy_cells(df: Any, grid: Grid, model: str) -> Any:
+    """Task scores (:func:`kvbench.report.tables.task_scores`) of :func:`accuracy_rows`."""
+    from kvbench.report import tables as T
+
+    if df is None or len(df) == 0:
+        return T.task_scores(df.iloc[:0]) if df is not None else None
+    return T.task_scores(accuracy_rows(df, grid, model))
 
 
 def accuracy_values(df: Any, p: Plan) -> dict[str, float]:
@@ -139,7 +147,7 @@ def predictor_values(result: dict, role: str, set_name: str, window: int) -> dic
 
 #: |ρ| above which a cell counts as correlated with U (Figure 6's share)
 CELL_RHO = 0.1
-ORACLE = "best single GDN head (oracle)"  # = kvbench.methods.gatesight.paper_cells.ORACLE (a test checks)
+ORACLE = "best single GDN head (oracle)"  # = kvbench.methods.gatesight.paper.cells.ORACLE (a test checks)
 
 
 def cell_values(cells: dict, role: str, set_name: str, window: int) -> dict[str, float]:
@@ -185,8 +193,6 @@ def measure_all(out: Path, p: Plan, df: Any) -> tuple[dict[str, float], dict[str
     """Every measured value of ``out`` (a ``kvbench paper`` directory) for plan ``p`` and the results frame
     ``df`` (None: no rows), and the raw per-model inputs (``cost``, ``eval``, ``dynamics``, ``cells``) the page
     draws from."""
-    from kvbench.paper.stages import grid_paths
-
     measured = accuracy_values(df, p) if df is not None else {}
     raw: dict[str, dict] = {"cost": {}, "eval": {}, "dynamics": {}, "cells": {}}
     roles = {name: role for role, name in model_roles(p.models).items()}

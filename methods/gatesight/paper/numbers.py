@@ -3,9 +3,13 @@
 Each value names its table / figure (``source``), row and column, its number and unit, and a ``measure``: the
 spec of the quantity kvbench measures for it (see :func:`spec_key`). ``measure.model`` is a role: ``main`` is
 the paper's Qwen3.8-27B, ``second`` its Qwen3.8-Flash-Next; a run maps roles to its own models
-(:func:`kvbench.paper.artifacts.model_roles`).
+(:func:`kvbench.methods.gatesight.paper.artifacts.model_roles`).
 
-Each finding is a sentence of the paper with a ``rule`` (see :mod:`kvbench.paper.verdicts`).
+An in-text number (a sentence of Sections 3-5 or Appendices C-F) also carries ``quote``: the paper's words around
+it (a test finds each in the paper's text); one kvbench does not measure has the measure ``{"kind": "text",
+"reason": ...}``.
+
+Each finding is a sentence of the paper with a ``rule`` (see :mod:`kvbench.methods.gatesight.paper.verdicts`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "predictor": ("set", "window", "predictor", "metric"),
     "dynamics": ("metric",),
     "cells": ("metric",),
+    "text": ("reason",),  # an in-text number kvbench does not measure, and why
 }
 _VALUE_KEYS = ("id", "artifact", "source", "row", "column", "value", "unit", "measure")
 _FINDING_KEYS = ("id", "artifact", "source", "text", "rule")
@@ -94,7 +99,7 @@ def check_numbers(data: dict) -> None:
 def load_numbers(path: Path | None = None) -> PaperNumbers:
     """``paper_numbers.json`` (the packaged one unless ``path``), schema-checked."""
     if path is None:
-        text = resources.files("kvbench.paper").joinpath("paper_numbers.json").read_text(encoding="utf-8")
+        text = resources.files(__package__).joinpath("paper_numbers.json").read_text(encoding="utf-8")
     else:
         text = Path(path).read_text(encoding="utf-8")
     data = json.loads(text)

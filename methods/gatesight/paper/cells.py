@@ -25,12 +25,11 @@ from rich.console import Console
 from rich.progress import Progress
 
 from kvbench.atomic import write_atomic
-from kvbench.paper.artifacts import Grid
-from kvbench.paper.stages import grid_paths
+from kvbench.methods.gatesight.paper.artifacts import Grid, grid_paths
 
-from .evaluate import EvalConfig, average_ranks, doc_metrics, k_for, mean_of, slow_heads, top_k, untrained_predictors
-from .features import window_ordinals
-from .labels import LabelSet, load_labels
+from ..evaluate import EvalConfig, average_ranks, doc_metrics, k_for, mean_of, slow_heads, top_k, untrained_predictors
+from ..features import window_ordinals
+from ..labels import LabelSet, load_labels
 
 __all__ = ["DECILE_SIGNALS", "ORACLE", "cell_analysis", "cells_grid", "decile_lift", "rank_corr"]
 
@@ -182,4 +181,3 @@ def cells_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, con
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(result, indent=1))
     bar.update(task, total=1, completed=1)
-
