@@ -18,13 +18,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", ".venv-vllm", "build", "results", "reports", "models", "__pycache__",
-             ".pytest_cache", ".ruff_cache", ".kvbench_cache", "tests", "benchmarks"}
+# skipped at the top of the tree only (kvbench/results/ is a package of the same name as the top results/)
+TOP_SKIP = {".git", ".venv", ".venv-vllm", "build", "results", "reports", "models", "tests", "benchmarks"}
+SKIP_ANYWHERE = {"__pycache__", ".pytest_cache", ".ruff_cache", ".kvbench_cache"}
 
 
 def _copy_source(dest: Path) -> None:
-    def ignore(_dir: str, names: list[str]) -> set[str]:
-        return {n for n in names if n in SKIP_DIRS or n.endswith(".egg-info")}
+    def ignore(dir_: str, names: list[str]) -> set[str]:
+        top = Path(dir_) == ROOT
+        return {n for n in names if n in SKIP_ANYWHERE or (top and n in TOP_SKIP) or n.endswith(".egg-info")}
     shutil.copytree(ROOT, dest, ignore=ignore)
 
 
