@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Produce the calibration artifacts shipped with the built-in trained model (kvbench/builtin/calibration/),
-# with the project's own commands, from a generic synthetic corpus (kvbench.calibration_corpus.write_calibration_corpus):
+# with the project's own commands, from a generic synthetic corpus (kvbench.tasks.calibration_corpus.write_calibration_corpus):
 #   1. TriAttention query statistics   (kvbench calibrate triattention)
 #   2. GateSight utility labels         (kvbench gatesight label: the model's own rollouts)
 #   3. GateSight estimator + gate means (kvbench gatesight train)
@@ -31,7 +31,7 @@ WORK=.kvbench_cache/calibrate-tiny/$MODEL
 mkdir -p "$WORK"
 find "$WORK" -mindepth 1 -maxdepth 1 ! -name 'labels-*' -exec rm -rf {} +
 export KVBENCH_CACHE="$PWD/$WORK/cache"   # the commands write their default locations here, then we copy
-.venv/bin/python -c "from kvbench.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus')"
+.venv/bin/python -c "from kvbench.tasks.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus')"
 MAX_NEW=128   # GateSight's continuation length (the label recipe's default)
 MAX_DOC=$(.venv/bin/python - "$SRC" "$MAX_NEW" <<'PY'
 import sys

@@ -252,7 +252,7 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
     import torch
     import vllm
 
-    from kvbench import budgets
+    from kvbench import selection
     from kvbench.engines.vllm_engine import VllmEngine
 
     path, tokenizer = _tiny_vllm_checkpoint(family, out)
@@ -285,7 +285,7 @@ def _vllm_family(family: str, device: str, out: Path) -> dict:
             "top5_shared": len(set(mine.topk(5).indices.tolist()) & set(sorted(theirs, key=theirs.get)[-5:])),
             "max_logprob_diff": round(max(abs(mine[t].item() - lp) for t, lp in theirs.items()), 4),
         }
-        keep = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+        keep = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
         for path_name, force in (("normal", False), ("per_head", True)):
             engine.force_head_pages = force
             with _timed(rec["seconds"], f"fork_{path_name}", device):

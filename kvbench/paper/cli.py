@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from kvbench import options
 from kvbench.errors import KvbenchError
 
 __all__ = ["paper"]
@@ -80,10 +81,10 @@ def paper(
         help="GateSight label corpus (one subdirectory per "
         "subset); --scale paper needs it for Tables 1/5/6/7 and Figures 1/2/8.",
     ),
-    engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Engine of the run grids."),
-    device: str = typer.Option("cpu", "--device", help="torch device (cuda for --scale paper)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Weights dtype (default: fp32 on CPU, bf16 on GPU)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    engine: str = options.ENGINE,
+    device: str = options.DEVICE,
+    dtype: Optional[str] = options.DTYPE,
+    threads: Optional[int] = options.THREADS,
     limit: Optional[int] = typer.Option(
         None, "--limit", "-n", help="A reduced grid: at most N items per task and N label documents per kind."
     ),
