@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from kvbench import budgets
+from kvbench import budgets, selection
 from kvbench.cost import measure_storage
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import get_method
@@ -51,7 +51,7 @@ def measure(engine: TorchEngine, n: int, repeats: int, new_tokens: int) -> dict:
         fork_s = 0.0
         for p in budgets.ALL_P:
             k = budgets.per_head_budget(n, parent.prot, p)
-            kept = budgets.select_per_head(scores, [k] * parent.n_attn_layers, parent.prot)
+            kept = selection.select_per_head(scores, [k] * parent.n_attn_layers, parent.prot)
             child = parent.fork(kept)
             fork_s += child.fork_seconds
             if p == 0.5:

@@ -51,7 +51,7 @@ _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # RULER'
 if "KVBENCH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
     os.environ["KVBENCH_DATA_DIR"] = str(_SHARED_DATA)
 
-from kvbench import budgets  # noqa: E402
+from kvbench import budgets, selection  # noqa: E402
 from kvbench.engines.base import ChildSession, EngineBase, ParentSession  # noqa: E402
 from kvbench.methods import get_method  # noqa: E402
 from kvbench.models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model  # noqa: E402
@@ -102,7 +102,7 @@ def fork_children(parent: ParentSession, seed: int) -> tuple[list[tuple[str, Chi
             children.append((f"{name}[{allocation}] p={p}", parent.fork(kept)))
             fork_s += time.perf_counter() - start
     start = time.perf_counter()
-    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    kept = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
     children.append(("full p=1.0", parent.fork(kept)))
     return children, score_s, fork_s + time.perf_counter() - start
 

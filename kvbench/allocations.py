@@ -5,7 +5,8 @@ An allocation is an :class:`Allocation` in the :data:`ALLOCATIONS` registry. The
 (:func:`kvbench.budgets.per_head_budget`) into per-attention-layer counts ``K_l`` (each KV head of layer ``l``
 keeps ``K_l`` body entries) with ``sum_l K_l * H_kv == B`` exactly. ``global`` (:class:`GlobalAllocation`) selects
 the top ``B`` (layer, head, token) scores directly, so counts may differ per head: it declares itself
-:attr:`Allocation.ragged`. The arithmetic and the selections are :mod:`kvbench.budgets`'.
+:attr:`Allocation.ragged`. The arithmetic is :mod:`kvbench.budgets`', the selections :mod:`kvbench.selection`'s;
+this module imports no torch (``kvbench run --help`` lists the allocations from :data:`ALLOCATIONS`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from kvbench.budgets import Kept, apportion, per_head_budget, select_global, select_per_head, total_budget
+from kvbench.budgets import apportion, per_head_budget, total_budget
 from kvbench.errors import KvbenchError
 from kvbench.registry import Registry, RegistryError
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvbench.selection import Kept
 
 PYRAMID_BETA = 20
 PYRAMID_MIN = 4
@@ -112,6 +117,8 @@ class LayerAllocation(Allocation):
     ) -> Kept:
         k = per_head_budget(n, prot, p)
         counts = self.counts(k, len(scores), n - prot, gate_means)
+        from kvbench.selection import select_per_head  # torch: imported when an allocation selects, not to list
+
         return select_per_head(scores, check_counts(counts, k, len(scores), n - prot, self.describe()), prot)
 
 
@@ -132,7 +139,7 @@ class CountsAllocation(LayerAllocation):
 
 class GlobalAllocation(Allocation):
     """The ``global`` allocation (KVzip): one top-``B`` over every (layer, head, body token) score
-    (:func:`select_global`), so heads may keep different counts; it has no per-layer counts."""
+    (:func:`kvbench.selection.select_global`), so heads may keep different counts; it has no per-layer counts."""
 
     ragged = True
 
@@ -140,6 +147,8 @@ class GlobalAllocation(Allocation):
         self, scores: Sequence[torch.Tensor], n: int, prot: int, p: float, gate_means: Sequence[float] | None = None
     ) -> Kept:
         n_kv_heads = scores[0].shape[0] if scores else 0
+        from kvbench.selection import select_global
+
         return select_global(scores, total_budget(n, prot, p, len(scores), n_kv_heads), prot)
 
 

@@ -28,10 +28,14 @@ import typer.main
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from kvbench import options
+from kvbench.allocations import ALLOCATIONS
 from kvbench.checkpoints.shape import with_layers as shape_with_layers
 from kvbench.errors import KvbenchError, os_error
-from kvbench.help_format import hide_flag_placeholders
 from kvbench.logs import make_console, quiet_library_bars
+from kvbench.methods import DEFAULT_METHODS, REPORT_DEFAULTS
+from kvbench.options import hide_flag_placeholders
+from kvbench.tasks import DEFAULT_BENCH
 
 
 class CoreCommands(TyperGroup):
@@ -102,15 +106,15 @@ def parse_ps(text: str) -> list[float]:
 @app.command()
 def run(
     *,
-    method: str = typer.Option("full,random", "--method", "-m", help="Method name(s), comma separated."),
-    bench: str = typer.Option("needle", "--bench", "-b", help="Benchmark name."),
+    method: str = typer.Option(",".join(DEFAULT_METHODS), "--method", "-m", help="Method name(s), comma separated."),
+    bench: str = typer.Option(DEFAULT_BENCH, "--bench", "-b", help="Benchmark name."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name(s), comma separated (default: all)."),
     p: str = typer.Option("all", "--p", help="Kept fraction(s) in (0, 1], comma separated, or 'all' (0.9 … 0.1)."),
     allocation: Optional[str] = typer.Option(
         None,
         "--allocation",
         "-a",
-        metavar="[flat|pyramid|gate|global]",
+        metavar=f"[{'|'.join(ALLOCATIONS)}]",
         help="Allocation(s), comma separated (default: each method's own).",
     ),
     model: Optional[str] = typer.Option(
@@ -119,7 +123,7 @@ def run(
         help="Built-in model name(s), local directories or hub ids, comma separated, run one after another "
         "(default: tiny-trained).",
     ),
-    engine: str = typer.Option("torch", "--engine", metavar="[torch|vllm]", help="Inference engine."),
+    engine: str = options.ENGINE,
     limit: int = typer.Option(100, "--limit", "-n", help="Items per task."),
     length: Optional[int] = typer.Option(
         None,
@@ -130,11 +134,9 @@ def run(
     seed: int = typer.Option(42, "--seed", help="Data and method seed (0 to 2**32 - 1)."),
     out: Path = typer.Option(Path("results/default"), "--out", "-o", help="Results directory."),
     shard: str = typer.Option("0/1", "--shard", help="Run shard i of N (0-based), e.g. 1/4."),
-    device: str = typer.Option("cpu", "--device", metavar="[cpu|cuda|cuda:N|mps]", help="torch device."),
-    dtype: Optional[str] = typer.Option(
-        None, "--dtype", metavar="[float32|bfloat16|float16]", help="Weights dtype (default: fp32 on CPU, bf16 on GPU)."
-    ),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (>= 1)."),
+    device: str = options.DEVICE,
+    dtype: Optional[str] = options.DTYPE,
+    threads: Optional[int] = options.THREADS,
     answer_batch: Optional[int] = typer.Option(
         None,
         "--answer-batch",
@@ -349,14 +351,14 @@ def report(
     reference: Optional[str] = typer.Option(
         None,
         "--reference",
-        help="Method the confidence intervals compare to; default: gatesight when the rows have it, else the "
-        "method with the best mean over the pruned kept fractions (the report's notes say which).",
+        help=f"Method the confidence intervals compare to; default: {REPORT_DEFAULTS[0]} when the rows have it, else "
+        "the method with the best mean over the pruned kept fractions (the report's notes say which).",
     ),
     compare: Optional[str] = typer.Option(
         None,
         "--compare",
-        help="Method of the 'Every method against …' tables (scores and scoring time); default: kvzip when the "
-        "rows have it, else the CI reference (the report's notes say which).",
+        help=f"Method of the 'Every method against …' tables (scores and scoring time); default: {REPORT_DEFAULTS[1]} "
+        "when the rows have it, else the CI reference (the report's notes say which).",
     ),
     cost_file: Optional[Path] = typer.Option(
         None, "--cost", help="`kvbench cost` output (default: cost.json in a results directory, when there)."
@@ -406,7 +408,7 @@ def report(
             f"run `kvbench run --out {dirs[0]}` first"
         )
     print_report(console, render_rich(df))  # a table wider than the console is printed whole, never squeezed
-    defaults = ("gatesight", "kvzip")  # the CI reference and comparison method when the rows have them
+    defaults = REPORT_DEFAULTS  # the CI reference and comparison method when the rows have them
     options = Options(reference=reference, compare=compare, default_reference=defaults[0], default_compare=defaults[1],
                       n_resamples=resamples, seed=seed, gpu_bytes=gpu_bytes,
                       gpu_label=gpu_memory, serve_length=serve_length, cost=cost_data)  # fmt: skip
@@ -436,9 +438,9 @@ def cost(
     lengths: str = typer.Option("4096,16384", "--lengths", help="Context lengths in tokens, comma separated."),
     repeats: int = typer.Option(3, "--repeats", help="Measured rounds (median) after one warm-up."),
     out: Path = typer.Option(Path("results/cost.json"), "--out", "-o", help="JSON file for the table."),
-    device: str = typer.Option("cpu", "--device"),
-    dtype: Optional[str] = typer.Option(None, "--dtype"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    device: str = options.DEVICE,
+    dtype: Optional[str] = options.DTYPE,
+    threads: Optional[int] = options.THREADS,
     shape_layers: Optional[int] = typer.Option(None, "--shape-layers", help="Layers of a shape: twin (4 or 8)."),
 ) -> None:
     """Scoring cost: prefill seconds, scoring seconds and their ratio per method and context length."""
@@ -476,7 +478,7 @@ def cost(
         table.add_row(r.method, str(r.length), f"{r.prefill_s:.3f}", f"{r.score_s:.4f}", f"{r.ratio:.4f}")
     console.print(table)
     if any(r.storage for r in rows):
-        storage = Table(title="global allocation: child storage against the kept entries' bytes")
+        storage = Table(title="ragged allocations: child storage against the kept entries' bytes")
         for col in ("method", "length", "p", "stored / needed", "padded layout / needed"):
             storage.add_column(col, justify="right")
         for r in rows:
@@ -500,8 +502,8 @@ def calibrate(
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Artifact path (default: the method's place for the model under $KVBENCH_CACHE)."
     ),
-    device: str = typer.Option("cpu", "--device"),
-    dtype: Optional[str] = typer.Option(None, "--dtype"),
+    device: str = options.DEVICE,
+    dtype: Optional[str] = options.DTYPE,
 ) -> None:
     """Offline calibration of a method for a model (e.g. TriAttention's per-head query statistics), from a corpus
     whose documents are taken round-robin over its subdirectories (every kind is used before --max-tokens runs

@@ -32,7 +32,7 @@ CORE_COMMANDS: dict[str, str] = {
 }
 
 #: Packages whose ``BUILTIN_COMMANDS`` (and ``COMMAND_HELP``) tables add built-in commands, in listing order.
-CONTRIBUTORS: tuple[str, ...] = ("kvbench.tasks.commands", "kvbench.methods")
+CONTRIBUTORS: tuple[str, ...] = ("kvbench.tasks", "kvbench.methods")
 
 #: Commands of the project's separately installed distributions: name -> how to install the one that has it.
 MISSING_HINTS: dict[str, str] = {

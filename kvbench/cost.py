@@ -12,7 +12,6 @@ would store.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from typing import Sequence
 import torch
 
 from kvbench.allocations import get_allocation
+from kvbench.atomic import write_json
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.methods import get_method
 
@@ -110,7 +110,6 @@ def measure_cost(
 def save_cost(rows: Sequence[CostRow], path: Path, meta: dict) -> Path:
     """Write ``{"meta": …, "rows": [{method, length, prefill_s, score_s, ratio, storage: [{p, stored_bytes,
     needed_bytes, padded_bytes, stored/needed, padded/needed}]}]}`` as JSON."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "meta": meta,
         "rows": [
@@ -125,5 +124,5 @@ def save_cost(rows: Sequence[CostRow], path: Path, meta: dict) -> Path:
             for r in rows
         ],
     }
-    path.write_text(json.dumps(data, indent=2))
+    write_json(path, data, indent=2)
     return path

@@ -2,7 +2,9 @@
 
 A :class:`Registry` knows three kinds of entries:
 
-* **built-ins**: a table ``name -> "module:attr"`` given at construction; listed without importing anything,
+* **built-ins**: entry points of the registry's group that kvbench's own distribution declares (its
+  pyproject.toml, the same path as a plugin's: the methods), or a table ``name -> "module:attr"`` given at
+  construction; listed first (a table in its order, entry points as installed) without importing anything,
   imported one at a time on first :meth:`Registry.get`;
 * **entry points** of the registry's group (``[kvbench.methods] keynorm = mypkg.keynorm:KeyNorm`` in an
   installed distribution's metadata): the entry point's key is the registered name, listed without loading
@@ -56,7 +58,17 @@ def _points_to(spec: str, obj: object) -> bool:
     return getattr(obj, "__module__", None) == module and getattr(obj, "__qualname__", None) == attr
 
 
+#: The distribution whose entry points are built-ins: kvbench itself.
+OWN_DISTRIBUTION = "kvbench"
+
+
+def _is_builtin(ep: EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == OWN_DISTRIBUTION
+
+
 def _entry_point_source(ep: EntryPoint) -> str:
+    if _is_builtin(ep):
+        return f"built-in {ep.value}"
     dist = ep.dist
     owner = f"dist {dist.name} {dist.version}" if dist is not None else "dist unknown"
     return f"entry point {ep.value} ({owner})"
@@ -78,6 +90,8 @@ class Registry(Generic[T]):
       plural: ``kind`` in the plural (default ``kind + "s"``).
       check: called as ``check(name, obj)`` on every object before it is registered or handed out; raises
         :class:`RegistryError` (or ValueError / TypeError) when ``obj`` does not fit.
+      own_entry_points: the built-ins are kvbench's own entry points of ``group`` (none installed: an unknown
+        name's error says to reinstall kvbench, whose installed metadata then predates them).
 
     A registry is also a read-only collection of its names: ``name in registry``, ``iter(registry)`` and
     ``len(registry)`` read :meth:`names` (nothing imported).
@@ -91,12 +105,14 @@ class Registry(Generic[T]):
         *,
         plural: str | None = None,
         check: Callable[[str, T], None] | None = None,
+        own_entry_points: bool = False,
     ) -> None:
         self.kind = kind
         self.group = group
         self.plural = plural or f"{kind}s"
         self._builtins = dict(builtins)
         self._check = check
+        self._own_entry_points = own_entry_points
         self._added: dict[str, tuple[T, str]] = {}  # name -> (object, source) from add()
         self._loaded: dict[str, T] = {}  # name -> object checked and handed out by get()
         self._entry_points: dict[str, EntryPoint] | None = None  # read once, on first use
@@ -104,10 +120,16 @@ class Registry(Generic[T]):
     # --- reading ------------------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        """Every registered name, built-ins first (in table order), then plugins' and added names sorted.
-        Imports nothing; reads the installed distributions' entry points (once)."""
-        others = (set(self._plugins()) | set(self._added)) - set(self._builtins)
-        return [*self._builtins, *sorted(others)]
+        """Every registered name, built-ins first (in table or declaration order), then plugins' and added names
+        sorted. Imports nothing; reads the installed distributions' entry points (once)."""
+        builtins = self.builtin_names()
+        others = (set(self._plugins()) | set(self._added)) - set(builtins)
+        return [*builtins, *sorted(others)]
+
+    def builtin_names(self) -> list[str]:
+        """The built-ins' names: the table's, then kvbench's own entry points of the group, in order."""
+        own = [name for name, ep in self._plugins().items() if _is_builtin(ep) and name not in self._builtins]
+        return [*self._builtins, *own]
 
     def get(self, name: str) -> T:
         """The object registered under ``name``, importing just that entry (once); an unknown name is an
@@ -180,7 +202,8 @@ class Registry(Generic[T]):
         by an object added before, other than the one it points to) is a :class:`RegistryError`."""
         if self._entry_points is None:
             found: dict[str, EntryPoint] = {}
-            for ep in entry_points(group=self.group):
+            # kvbench's own (the built-ins) first: a plugin taking a built-in's name is the second claimant
+            for ep in sorted(entry_points(group=self.group), key=lambda ep: not _is_builtin(ep)):
                 if ep.name in self._builtins:
                     raise self._collision(ep.name, f"built-in {self._builtins[ep.name]}", _entry_point_source(ep), ep)
                 if ep.name in found and found[ep.name].value != ep.value:
@@ -227,7 +250,13 @@ class Registry(Generic[T]):
             self._check(name, obj)
 
     def _unknown(self, name: str) -> UnknownNameError:
-        return UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}")
+        message = f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(self.names())}"
+        if self._own_entry_points and not self.builtin_names():
+            message += (
+                f" (kvbench's built-in {self.plural} are entry points of group {self.group} and none is installed: "
+                "reinstall kvbench, e.g. pip install -e . in its checkout or bash scripts/setup.sh)"
+            )
+        return UnknownNameError(message)
 
     def _collision(self, name: str, first: str, second: str, *plugins: EntryPoint) -> RegistryError:
         """Two sources of ``name``; ``plugins``: the entry points among them, whose uninstall commands the

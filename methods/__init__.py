@@ -30,15 +30,17 @@ method's own CLI sub-commands are a typer app in the command registry :data:`kvb
 (``kvbench <name> …``): the built-ins' through :data:`BUILTIN_COMMANDS` here, a plugin's through the
 ``kvbench.commands`` entry-point group.
 
-Third-party packages register methods through the ``kvbench.methods`` entry-point group, the key being the
-method's name (``keynorm = mypkg.keynorm:KeyNorm``; the class's ``name`` must agree), and commands through
-``kvbench.commands`` (``keynorm = mypkg.cli:app``). A name taken twice is an error naming both sources.
+Packages register methods through the ``kvbench.methods`` entry-point group, the key being the method's name
+(``keynorm = mypkg.keynorm:KeyNorm``; the class's ``name`` must agree), and commands through ``kvbench.commands``
+(``keynorm = mypkg.cli:app``). kvbench's own methods are registered the same way, in its pyproject.toml (no
+second list here). A name taken twice is an error naming both sources.
 
 A *query-aware* method (a ceiling, not a query-agnostic competitor) subclasses :class:`QueryAwareMethod` and
 implements :meth:`EvictionMethod.score_question`: the runner then scores and forks once per (question, p),
 still from the one parent prefill, and its rows carry ``"query_aware": true``.
 
-This package holds the registries and their tables of built-ins only; the classes and functions live in
+This package holds the registry, the built-in commands' table and the names the rest of kvbench asks for
+(:data:`REFERENCE`, :data:`DEFAULT_METHODS`, :data:`REPORT_DEFAULTS`) only; the classes and functions live in
 :mod:`kvbench.methods.base` and are re-exported here on first use, so importing the package imports no torch.
 """
 
@@ -54,11 +56,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILTIN_COMMANDS",
-    "BUILTIN_METHODS",
     "METHODS",
     "EvictionMethod",
     "QueryAwareMethod",
     "QuestionInput",
+    "REFERENCE",
+    "REPORT_DEFAULTS",
+    "DEFAULT_METHODS",
     "declares_no_artifact",
     "get_method",
     "list_methods",
@@ -66,18 +70,6 @@ __all__ = [
     "parse_method_options",
     "register_method",
 ]
-
-#: The built-in methods: name -> "module:class".
-BUILTIN_METHODS: dict[str, str] = {
-    "full": "kvbench.methods.full:Full",
-    "random": "kvbench.methods.random_method:Random",
-    "snapkv": "kvbench.methods.snapkv:SnapKV",
-    "keydiff": "kvbench.methods.keydiff:KeyDiff",
-    "triattention": "kvbench.methods.triattention:TriAttention",
-    "kvzip": "kvbench.methods.kvzip:KVzip",
-    "gatesight": "kvbench.methods.gatesight.method:GateSight",
-    "oracle": "kvbench.methods.oracle:Oracle",
-}
 
 #: The built-in methods' CLI sub-commands: name (``kvbench <name> …``) -> "module:typer app", added to the
 #: command registry :data:`kvbench.commands.COMMANDS` (which reads this table; importing it imports no app).
@@ -88,16 +80,37 @@ BUILTIN_COMMANDS: dict[str, str] = {
     "paper": "kvbench.methods.gatesight.paper.cli:app",
 }
 
+#: The no-prune reference, defined here once: ``kvbench run`` adds it to every run (``--no-reference`` leaves it
+#: out), and ``kvbench report`` gives every method's drop from it. It keeps every entry at p = 1.0 whatever ``--p``
+#: (its ``fixed_p``), so it costs one child per context.
+REFERENCE = "full"
+
+#: ``kvbench run``'s methods when ``--method`` is not given: the reference and the random-eviction floor.
+DEFAULT_METHODS = (REFERENCE, "random")
+
+#: The methods ``kvbench report`` compares with when the rows have them and the user names none: the reference of
+#: the confidence intervals (``--reference``) and the method of the "Every method against" tables (``--compare``).
+REPORT_DEFAULTS = ("gatesight", "kvzip")
+
 _BASE = "kvbench.methods.base"  # where the re-exported names live, imported on first use
-_REEXPORTED = frozenset(__all__) - {"BUILTIN_COMMANDS", "BUILTIN_METHODS", "METHODS"}
+_REEXPORTED = frozenset(__all__) - {
+    "BUILTIN_COMMANDS",
+    "METHODS",
+    "REFERENCE",
+    "REPORT_DEFAULTS",
+    "DEFAULT_METHODS",
+}
 
 
 def _check_method(name: str, cls: object) -> None:
     importlib.import_module(_BASE).check_method(name, cls)
 
 
-#: Every eviction method: built-ins, ``kvbench.methods`` entry points, ``register_method`` classes.
-METHODS: Registry[type[EvictionMethod]] = Registry("method", "kvbench.methods", BUILTIN_METHODS, check=_check_method)
+#: Every eviction method: ``kvbench.methods`` entry points (the built-ins are kvbench's own, in its pyproject.toml:
+#: registered the way a plugin is) and ``register_method`` classes.
+METHODS: Registry[type[EvictionMethod]] = Registry(
+    "method", "kvbench.methods", {}, check=_check_method, own_entry_points=True
+)
 
 
 def __getattr__(name: str) -> Any:

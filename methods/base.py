@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from kvbench import allocations, budgets
+from kvbench import allocations
 from kvbench.errors import KvbenchError
 from kvbench.methods import METHODS
 from kvbench.registry import RegistryError, UnknownNameError
+from kvbench.selection import Kept
 
 if TYPE_CHECKING:
     from kvbench.engines.base import ParentSession
@@ -161,7 +162,7 @@ class EvictionMethod(ABC):
         ``needs_gate_means``); the parent's measured gate means by default."""
         return parent.gate_means()
 
-    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> budgets.Kept:
+    def select(self, parent: ParentSession, scores: Sequence[torch.Tensor], p: float, allocation: str) -> Kept:
         """Kept positions ``kept[f][h]`` at kept fraction ``p`` under ``allocation``: the registered
         :class:`~kvbench.allocations.Allocation` selects, given :meth:`gate_means` when it declares it needs them."""
         chosen = allocations.get_allocation(allocation)

@@ -3,7 +3,7 @@
 # with the project's own commands, from a corpus of the model's own training distribution (CORPUS=training, the
 # default: kvbench_training.calibration.write_training_corpus, rows of its final training stages' mixes, as the
 # paper calibrates on its checkpoint's pretraining sample) or from the generic synthetic corpus (CORPUS=generic:
-# kvbench.calibration_corpus.write_calibration_corpus; docs/methods.md compares the two):
+# kvbench.tasks.calibration_corpus.write_calibration_corpus; docs/methods.md compares the two):
 #   1. TriAttention query statistics   (kvbench calibrate triattention)
 #   2. GateSight utility labels         (kvbench gatesight label: the model's own rollouts)
 #   3. GateSight estimator + gate means (kvbench gatesight train)
@@ -48,7 +48,7 @@ if [ "$CORPUS" = training ]; then
   .venv/bin/python -m kvbench_training.calibration "$SRC" "$(basename "$SRC")" "$WORK/label-corpus" labels
   LABEL_CORPUS=$WORK/label-corpus
 else
-  .venv/bin/python -c "from kvbench.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus')"
+  .venv/bin/python -c "from kvbench.tasks.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus')"
 fi
 MAX_NEW=128   # GateSight's continuation length (the label recipe's default)
 MAX_DOC=$(.venv/bin/python - "$SRC" "$MAX_NEW" <<'PY'

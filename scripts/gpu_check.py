@@ -270,7 +270,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
     import torch
     import vllm
 
-    from kvbench import budgets
+    from kvbench import selection
     from kvbench.engines.vllm_engine import VllmEngine
 
     path, tokenizer = _tiny_vllm_checkpoint(family, out)
@@ -307,7 +307,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
             "top5_shared": len(set(mine.topk(5).indices.tolist()) & set(sorted(theirs, key=theirs.get)[-5:])),
             "max_logprob_diff": round(max(abs(mine[t].item() - lp) for t, lp in theirs.items()), 4),
         }
-        keep = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+        keep = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
         paths = [("normal", False)]
         if per_head == "forced" or engine.head_major:
             paths.append(("per_head", True))

@@ -5,7 +5,7 @@
 #   bash scripts/mutation.sh [GROUP ...]       (default: budgets scorers; "all" for every group)
 #
 # Groups (modules mutated <- the tests that may kill them):
-#   budgets   kvbench/budgets.py kvbench/allocations.py <- test_budgets, test_methods_invariants
+#   budgets   kvbench/{budgets,allocations,selection}.py <- test_budgets, test_methods_invariants
 #   scorers   scorers/*.py                            <- test_scorers, test_scbench_scorers, test_scbench_official_scorers
 #   results   kvbench/results/*.py, kvbench/rows.py   <- test_results, test_results_edges, test_results_upgrade,
 #                                                        test_rows, test_store_cli
@@ -40,7 +40,7 @@ if ! "$VENV/bin/python" -c "import mutmut" 2>/dev/null; then
 fi
 
 declare -A MUTATE TESTS
-MUTATE[budgets]="kvbench/budgets.py kvbench/allocations.py"
+MUTATE[budgets]="kvbench/budgets.py kvbench/allocations.py kvbench/selection.py"
 TESTS[budgets]="tests/test_budgets.py tests/test_methods_invariants.py"
 MUTATE[scorers]="kvbench/scorers/*.py"
 TESTS[scorers]="tests/test_scorers.py tests/test_scbench_scorers.py tests/test_scbench_official_scorers.py"

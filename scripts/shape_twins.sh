@@ -22,7 +22,7 @@ PY=.venv/bin/python
 METHODS=full,random,snapkv,keydiff,triattention,kvzip,gatesight,oracle
 mkdir -p "$OUT"
 WORK="$OUT/work"
-[ -d "$WORK/corpus" ] || $PY -c "from kvbench.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus', n_docs=4, n_chars=3000)"
+[ -d "$WORK/corpus" ] || $PY -c "from kvbench.tasks.calibration_corpus import write_calibration_corpus as w; w('$WORK/corpus', n_docs=4, n_chars=3000)"
 for M in $MODELS; do
   tag=$(echo "$M" | tr '/:@' '---')
   echo "== $M" >&2

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator
 
 from kvbench.errors import KvbenchError
 from kvbench.registry import Registry, RegistryError, UnknownNameError, load_spec
+from kvbench.tasks.commands import BUILTIN_COMMANDS, COMMAND_HELP  # the benches' commands (kvbench.commands reads)
 
 if TYPE_CHECKING:
     from kvbench.prompt import Rendered
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = [
     "BENCHES",
     "BUILTIN_BENCHES",
+    "BUILTIN_COMMANDS",
+    "COMMAND_HELP",
+    "DEFAULT_BENCH",
     "Question",
     "Context",
     "Assembly",
@@ -145,6 +149,8 @@ class Bench(ABC):
     name: str = ""
     #: display name in reports (default: ``name``)
     title: str = ""
+    #: the sentence the report adds to a mean-over-tasks figure whose tasks have sub-tasks (:meth:`sub_task`)
+    sub_task_caption: str = "Tasks with sub-tasks enter as the mean of their sub-task scores."
     description: str = ""
     #: Where a generated bench may cache its contexts (None: no cache). The runner points it at
     #: ``$KVBENCH_CACHE/<bench name>``; cached items must be re-validated or keyed so they cannot go stale.
@@ -182,6 +188,8 @@ BUILTIN_BENCHES: dict[str, str] = {
     "ruler": "kvbench.tasks.ruler:RulerBench",
     "scbench": "kvbench.tasks.scbench:SCBenchBench",
 }
+#: ``kvbench run``'s bench when ``--bench`` is not given: the small generated one, no data needed.
+DEFAULT_BENCH = "needle"
 
 
 def _check_bench(name: str, cls: object) -> None:

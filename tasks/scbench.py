@@ -462,6 +462,7 @@ class SCBenchBench(Bench):
 
     name = "scbench"
     title = "SCBench"
+    sub_task_caption = "Mixed SCBench tasks enter as the mean of their two sub-task scores."
     description = (
         "SCBench (12 tasks) in shared-context multi-query mode, official prompts; official + revised scorers. "
         "Without its data: kv, mf, prefix_suffix, vt generated offline."

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvbench import allocations, budgets
+from kvbench import allocations, budgets, selection
 from kvbench.artifacts import ReadOnce
 from kvbench.errors import KvbenchError
 from kvbench.methods import EvictionMethod
@@ -33,7 +33,7 @@ def _scores(layers: int = 3, heads: int = 2, n: int = 40, seed: int = 0) -> list
     return [torch.rand(heads, n, generator=g) for _ in range(layers)]
 
 
-def _as_lists(kept: budgets.Kept) -> list[list[list[int]]]:
+def _as_lists(kept: selection.Kept) -> list[list[list[int]]]:
     return [[idx.tolist() for idx in heads] for heads in kept]
 
 
@@ -42,10 +42,10 @@ def test_builtin_allocations_select_exactly_as_the_primitives():
     for p in (0.9, 0.5, 0.3, 0.1):
         k = budgets.per_head_budget(n, prot, p)
         expected = {
-            "flat": budgets.select_per_head(scores, allocations.flat(k, 3), prot),
-            "pyramid": budgets.select_per_head(scores, allocations.pyramid(k, 3, n - prot), prot),
-            "gate": budgets.select_per_head(scores, allocations.gate(k, weights, n - prot), prot),
-            "global": budgets.select_global(scores, budgets.total_budget(n, prot, p, 3, 2), prot),
+            "flat": selection.select_per_head(scores, allocations.flat(k, 3), prot),
+            "pyramid": selection.select_per_head(scores, allocations.pyramid(k, 3, n - prot), prot),
+            "gate": selection.select_per_head(scores, allocations.gate(k, weights, n - prot), prot),
+            "global": selection.select_global(scores, budgets.total_budget(n, prot, p, 3, 2), prot),
         }
         for name, kept in expected.items():
             chosen = allocations.get_allocation(name)
@@ -272,3 +272,14 @@ def test_the_invariant_suite_covers_a_plugins_method_and_allocation_unedited(tmp
         assert outcomes.get(f"test_allocation_invariants[{family}-last-layer-only]") == "PASSED", done.stdout
         assert outcomes.get(f"test_method_invariants[{family}-fake-unprepared]") == "FAILED", done.stdout
     assert "fake-unprepared scores with an offline artifact: override prepare_offline" in done.stdout
+
+
+def test_gate_means_take_the_max_over_each_kv_heads_query_heads():
+    """A layer's gate mean (the gate allocation's weight) is the mean over tokens per query head, then the MAX
+    over the query heads of each KV head, then the mean over KV heads: query heads 0.1, 0.9 | 0.5, 0.3 (two KV
+    heads) give (0.9 + 0.5) / 2 = 0.7 (averaging the query heads would give 0.45)."""
+    from kvbench.engines.base import ParentSession
+
+    gate = torch.tensor([[0.0, 0.8, 0.4, 0.2], [0.2, 1.0, 0.6, 0.4]])  # [n = 2 tokens, H = 4 query heads]
+    parent = SimpleNamespace(n_attn_layers=2, n_kv_heads=2, gate=lambda f: gate * (f + 1) / 2)
+    assert ParentSession.gate_means(parent) == pytest.approx([0.35, 0.7])

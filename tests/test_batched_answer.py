@@ -12,12 +12,13 @@ import json
 import pytest
 import torch
 
-from kvbench import budgets, runner
+from kvbench import selection
 from kvbench.engines.base import AnswerGroup
 from kvbench.engines.batch_kv import BatchKV, bucket_bounds
 from kvbench.engines.torch_engine import TorchEngine, TorchParent, share_groups
 from kvbench.errors import KvbenchError, ProtocolError
 from kvbench.models import load_model
+from kvbench.run import loop as runner
 from kvbench.run.plan import RunConfig
 from tests.conftest import tiny_model
 
@@ -65,7 +66,7 @@ def _children(parent) -> list:
         [[3 + h + f for h in range(H)] for f in range(L)],
         [[n - 1] * H] * L,
     ]
-    kept = [budgets.keep_all(n, L, H) if s is None else _random_kept(parent, s, seed=i) for i, s in enumerate(shapes)]
+    kept = [selection.keep_all(n, L, H) if s is None else _random_kept(parent, s, seed=i) for i, s in enumerate(shapes)]
     kept.append(kept[3])
     return [parent.fork(k) for k in kept]
 
@@ -126,7 +127,7 @@ def test_groups_of_several_contexts_and_questions_equal_one_at_a_time(family):
 def test_answer_groups_refuses_a_foreign_parent_and_a_wrong_hash():
     engine, other = TorchEngine(tiny_model("qwen3_next")), TorchEngine(tiny_model("qwen3_next"))
     parent, stranger = engine.prefill(_ids(60), prot=2), other.prefill(_ids(60), prot=2)
-    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    kept = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
     mine, theirs = [parent.fork(kept), parent.fork(kept)], [stranger.fork(kept)]
     with pytest.raises(ProtocolError, match="not a session of this engine"):
         engine.answer_groups(
@@ -142,7 +143,7 @@ def test_answer_groups_refuses_a_foreign_parent_and_a_wrong_hash():
 def test_one_child_takes_the_one_at_a_time_path():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(_ids(N_CTX), prot=0)
-    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    child = parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
     (got,) = parent.answer_children([child], Q_IDS, max_new_tokens=5, context_sha256=parent.sha256, return_logits=True)
     want = child.answer(Q_IDS, max_new_tokens=5, context_sha256=parent.sha256, return_logits=True)
     assert got.batch == 1 and got.token_ids == want.token_ids
@@ -167,7 +168,7 @@ def test_batched_answer_leaves_parent_and_children_unchanged():
 def test_several_live_children_and_their_misuse():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent, other = engine.prefill(_ids(80), prot=2), engine.prefill(_ids(80, seed=1), prot=2)
-    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    kept = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
     a, b = parent.fork(kept), parent.fork(kept)
     assert parent.live_children() == [a, b]
     stranger = other.fork(kept)
@@ -462,7 +463,7 @@ def test_shipped_models_batched_equals_one_at_a_time(model):
     rendered = render(lm.tokenizer, next(iter(items)), max_length=engine.max_context)
     parent = engine.prefill(rendered.context_ids, rendered.prot)
     settings = [("snapkv", "flat"), ("keydiff", "pyramid"), ("gatesight", "gate"), ("kvzip", "global")]
-    children = [parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))]
+    children = [parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))]
     for name, allocation in settings:
         method = get_method(name, 0)
         scores = method.score(parent)

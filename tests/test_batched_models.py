@@ -12,7 +12,7 @@ import json
 import pytest
 
 from kvbench import allocations
-from kvbench.methods import BUILTIN_METHODS
+from kvbench.methods import METHODS
 from kvbench.models import load_model
 from kvbench.run import loop as runner
 from kvbench.run.plan import RunConfig
@@ -31,7 +31,7 @@ def test_every_method_and_allocation_batched_equals_one_at_a_time(tmp_path, mode
     configs = [
         # every built-in method at its own allocation (kvzip: global, ragged heads; oracle: query-aware); not
         # list_methods(): other test modules register methods (one raises by design) in the same process
-        dict(methods=list(BUILTIN_METHODS), allocations=None),
+        dict(methods=METHODS.builtin_names(), allocations=None),
         # every allocation, on methods that take any
         dict(methods=["snapkv", "keydiff"], allocations=list(allocations.ALLOCATIONS)),
     ]

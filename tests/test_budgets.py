@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench import allocations, budgets
+from kvbench import allocations, budgets, selection
 from kvbench.errors import KvbenchError
 
 
@@ -42,6 +42,33 @@ def test_pyramid_hand_worked():
     # 120, 106.67, 93.33, 80 -> floors sum to 399, the one left to the largest remainder (.67, layer 1).
     assert allocations.pyramid(100, 4, capacity=120) == [120, 107, 93, 80]
     assert allocations.pyramid(7, 1, capacity=10) == [7]
+
+
+def _pyramid_exact(k: int, n_layers: int) -> list[int]:
+    """PyramidKV's counts computed apart from kvbench, in exact fractions, where no bound binds (``k / 20 >= 4``
+    and ``2k - k / 20 <= capacity``): ``k_min = k / 20`` (a true quotient), ``k_max = 2k - k_min``, linear over
+    the layers, then the floors plus one for each of the largest remainders (ties to the lower layer)."""
+    from fractions import Fraction
+
+    k_min = Fraction(k, 20)
+    k_max = 2 * k - k_min
+    raw = [k_max - f * (k_max - k_min) / (n_layers - 1) for f in range(n_layers)]
+    counts = [int(r) for r in raw]  # floors: every raw count is positive
+    left = n_layers * k - sum(counts)
+    for f in sorted(range(n_layers), key=lambda f: (-(raw[f] - counts[f]), f))[:left]:
+        counts[f] += 1
+    return counts
+
+
+def test_pyramid_equals_an_exact_computation():
+    """k_min is k / beta, not k // beta: on every (k, L) with k from 80 to 400 and 2 to 12 layers the counts are
+    the exact fractions' (a floored k_min moves some layer in most of them), and the issue's hand-worked case,
+    where the floor of 4 binds: k = 57 over 3 layers is 111.15, 57, 2.85 -> the last lifted to 4 and the 167
+    left shared 110.39 / 56.61 -> 110, 57, 4 (a floored k_min gives 111, 56, 4)."""
+    for n_layers in range(2, 13):
+        for k in range(80, 401):
+            assert allocations.pyramid(k, n_layers, capacity=10_000) == _pyramid_exact(k, n_layers), (k, n_layers)
+    assert allocations.pyramid(57, 3, capacity=4075) == [110, 57, 4]
 
 
 def test_pyramid_above_the_cap_follows_pyramidkv():
@@ -108,7 +135,7 @@ def test_select_per_head_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     prot, n, H = 5, 40, 3
     scores = [torch.rand(H, n, generator=g) for _ in range(2)]
-    kept = budgets.select_per_head(scores, [7, 12], prot)
+    kept = selection.select_per_head(scores, [7, 12], prot)
     for f, c in enumerate([7, 12]):
         for h in range(H):
             body = sorted(range(prot, n), key=lambda i: -float(scores[f][h, i]))[:c]
@@ -120,7 +147,7 @@ def test_select_global_matches_brute_force():
     prot, n, H, L = 3, 20, 2, 3
     scores = [torch.rand(H, n, generator=g) for _ in range(L)]
     B = 25
-    kept = budgets.select_global(scores, B, prot)
+    kept = selection.select_global(scores, B, prot)
     triples = sorted(
         ((float(scores[f][h, i]), f, h, i) for f in range(L) for h in range(H) for i in range(prot, n)),
         reverse=True,
@@ -144,17 +171,17 @@ def test_select_per_head_ties_go_to_the_later_position():
     row = [9.0, 9.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 7.0, 0.0, 2.0, 5.0]
     scores = [torch.tensor([row, row[::-1]])]
     for c in range(0, 11):
-        kept = budgets.select_per_head(scores, [c], prot)
+        kept = selection.select_per_head(scores, [c], prot)
         for h, r in enumerate((row, row[::-1])):
             body = [prot + i for i in _brute_force_later_wins(r[prot:], c)]
             assert kept[0][h].tolist() == list(range(prot)) + body, (c, h)
     # hand-worked: count 3 keeps 7 (position 8), then the two latest 5s (positions 11 and 7)
-    assert budgets.select_per_head(scores, [3], prot)[0][0].tolist() == [0, 1, 7, 8, 11]
+    assert selection.select_per_head(scores, [3], prot)[0][0].tolist() == [0, 1, 7, 8, 11]
 
 
 def test_select_per_head_all_equal_keeps_the_last_positions():
     scores = [torch.zeros(2, 20), torch.ones(2, 20)]
-    kept = budgets.select_per_head(scores, [3, 5], prot=4)
+    kept = selection.select_per_head(scores, [3, 5], prot=4)
     assert kept[0][1].tolist() == [0, 1, 2, 3, 17, 18, 19]
     assert kept[1][0].tolist() == [0, 1, 2, 3, 15, 16, 17, 18, 19]
 
@@ -164,7 +191,7 @@ def test_select_global_ties_go_to_later_position_then_layer_then_head():
     g = torch.Generator().manual_seed(3)
     scores = [torch.randint(0, 3, (H, n), generator=g).float() for _ in range(L)]  # heavy ties
     for total in range(0, L * H * (n - prot) + 1):
-        kept = budgets.select_global(scores, total, prot)
+        kept = selection.select_global(scores, total, prot)
         entries = sorted(
             ((float(scores[f][h, i]), i, f, h) for f in range(L) for h in range(H) for i in range(prot, n)),
             reverse=True,
@@ -175,7 +202,7 @@ def test_select_global_ties_go_to_later_position_then_layer_then_head():
                 assert kept[f][h].tolist() == list(range(prot)) + body, (total, f, h)
     # hand-worked: all equal, budget 3 -> the last position of layer 2 head 1, layer 2 head 0, layer 1 head 1
     flat = [torch.zeros(H, n) for _ in range(L)]
-    kept = budgets.select_global(flat, 3, prot)
+    kept = selection.select_global(flat, 3, prot)
     assert [len(k) - prot for heads in kept for k in heads] == [0, 0, 0, 1, 1, 1]
     assert kept[2][0].tolist() == [0, n - 1] and kept[1][1].tolist() == [0, n - 1]
 
@@ -184,9 +211,9 @@ def test_ties_are_identical_on_cpu_and_gpu():
     if not torch.cuda.is_available():
         pytest.skip("no GPU on this machine: the CPU/GPU comparison runs where one is present")
     scores = [torch.randint(0, 4, (2, 300)).float() for _ in range(3)]
-    cpu = budgets.select_per_head(scores, [50, 80, 120], 10), budgets.select_global(scores, 400, 10)
+    cpu = selection.select_per_head(scores, [50, 80, 120], 10), selection.select_global(scores, 400, 10)
     gpu_scores = [s.cuda() for s in scores]
-    gpu = budgets.select_per_head(gpu_scores, [50, 80, 120], 10), budgets.select_global(gpu_scores, 400, 10)
+    gpu = selection.select_per_head(gpu_scores, [50, 80, 120], 10), selection.select_global(gpu_scores, 400, 10)
     for a, b in zip(cpu, gpu, strict=True):
         assert [[k.tolist() for k in heads] for heads in a] == [[k.cpu().tolist() for k in heads] for heads in b]
 
@@ -222,7 +249,7 @@ def test_smallest_p_keeps_one_body_entry():
 
 
 def test_keep_all_and_global_counts():
-    kept = budgets.keep_all(5, 2, 3)
+    kept = selection.keep_all(5, 2, 3)
     assert len(kept) == 2 and all(len(heads) == 3 for heads in kept)
     assert all(k.dtype == torch.long and k.tolist() == [0, 1, 2, 3, 4] for heads in kept for k in heads)
     with pytest.raises(ValueError, match="^the global allocation has no per-layer counts; use select_global$"):
@@ -275,13 +302,13 @@ def test_layer_counts_refuses_a_plugin_allocation_that_breaks_the_budget(monkeyp
 def test_selection_refuses_mismatched_inputs_by_name():
     scores = [torch.rand(2, 25), torch.rand(2, 25)]
     with pytest.raises(ValueError):  # one count per layer, no fewer
-        budgets.select_per_head(scores, [3], prot=5)
+        selection.select_per_head(scores, [3], prot=5)
     with pytest.raises(ValueError):
-        budgets.select_per_head(scores, [3, 3, 3], prot=5)
+        selection.select_per_head(scores, [3, 3, 3], prot=5)
     with pytest.raises(ValueError, match="^budget 21 exceeds the 20 body entries$"):
-        budgets.select_per_head(scores, [3, 21], prot=5)
+        selection.select_per_head(scores, [3, 21], prot=5)
     with pytest.raises(ValueError, match="^budget 81 exceeds the 80 body entries$"):
-        budgets.select_global(scores, 81, prot=5)
+        selection.select_global(scores, 81, prot=5)
 
 
 def test_apportion_water_filling_hand_worked():

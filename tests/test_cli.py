@@ -394,6 +394,8 @@ def test_ruler_and_scbench_end_to_end_on_fixtures(tmp_path, monkeypatch, capsys)
     }
     scb = [r for r in rows if r["bench"] == "scbench"]
     assert all(len(r["scores"]) == 2 and any(k.endswith("_revised") for k in r["scores"]) for r in scb)
+    # the row's primary score is the official scorer's (the question's first), never the revised one
+    assert all(r["scorer"] == f"scbench_{r['task']}" and r["score"] == r["scores"][r["scorer"]] for r in scb)
     assert {r["method"] for r in rows} == {"full", "keydiff"}
     monkeypatch.chdir(tmp_path)
     assert kvbench("report", "--results", str(out)) == 0

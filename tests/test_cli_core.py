@@ -192,7 +192,8 @@ def test_report_of_a_read_only_results_directory(tmp_path, monkeypatch, capsys):
     assert "## Notes" in md and "CI reference: random, the best mean" in md and "Every method against Random" in md
     err = capsys.readouterr().err.replace("\n", " ")  # on the terminal only what the user can act on, with its flag
     assert "comparison: random, the CI reference" not in err and "no gatesight" not in err
-    assert "note: for confidence intervals add a method: --method random,snapkv" in err
+    # the suggestion: the first registered method the rows lack (the reference aside)
+    assert "note: for confidence intervals add a method: --method random,gatesight" in err
 
 
 def test_a_missing_training_distribution_names_its_pip_command(monkeypatch, capsys):

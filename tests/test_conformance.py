@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvbench import budgets
+from kvbench import budgets, selection
 from kvbench.engines.attention import ATTN_IMPL, RaggedKV, kvbench_sdpa
 from kvbench.engines.torch_engine import TorchEngine
 from kvbench.errors import KvbenchError, ProtocolError
@@ -105,7 +105,7 @@ def _answer(session, sha, question=Q_IDS, new=NEW):
 def test_keep_all_child_is_token_identical_to_parent(engine):
     parent = engine.prefill(_ids(N_CTX), prot=8)
     ref = _answer(parent, parent.sha256)
-    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    child = parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
     got = _answer(child, parent.sha256)
     assert got.token_ids == ref.token_ids and len(got.token_ids) == NEW
     assert torch.equal(got.step_logits, ref.step_logits)
@@ -125,7 +125,7 @@ def test_parent_matches_stock_transformers_same_split(family, engine):
 def test_second_question_equals_question_alone(engine):
     """GDN states and attention caches are restored before every question."""
     parent = engine.prefill(_ids(N_CTX, seed=2), prot=4)
-    k = budgets.select_per_head(
+    k = selection.select_per_head(
         [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)],
         [150] * parent.n_attn_layers,
         parent.prot,
@@ -271,7 +271,7 @@ def test_answers_leave_the_child_storage_as_forked(engine, ragged):
     same question is the same (nothing fed before leaks into it)."""
     parent = engine.prefill(_ids(N_CTX, seed=9), prot=4)
     scores = [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)]
-    kept = budgets.select_per_head(scores, [120] * parent.n_attn_layers, parent.prot)
+    kept = selection.select_per_head(scores, [120] * parent.n_attn_layers, parent.prot)
     if ragged:
         kept = [[idx if h else idx[:-7] for h, idx in enumerate(heads)] for heads in kept]
     child = parent.fork(kept)
@@ -291,7 +291,7 @@ def test_bytes_freed_match_evicted_share(engine, p):
     parent = engine.prefill(_ids(N_CTX, seed=6), prot=20)
     scores = [torch.rand(parent.n_kv_heads, parent.n) for _ in range(parent.n_attn_layers)]
     k = budgets.per_head_budget(parent.n, parent.prot, p)
-    child = parent.fork(budgets.select_per_head(scores, [k] * parent.n_attn_layers, parent.prot))
+    child = parent.fork(selection.select_per_head(scores, [k] * parent.n_attn_layers, parent.prot))
     s = child.stats
     assert s.stored_bytes * parent.n == s.full_bytes * (parent.prot + k)
     assert s.freed_bytes == s.full_bytes - s.stored_bytes > 0
@@ -331,7 +331,7 @@ def test_masking_engine_forks_are_not_real_and_reports_exclude_them(tmp_path, mo
     masking, real = MaskingTorchEngine(lm.model, lm.tokenizer), TorchEngine(lm.model, lm.tokenizer)
     ids = _ids(N_CTX, seed=10)
     scores = [torch.rand(2, N_CTX, generator=torch.Generator().manual_seed(3)) for _ in range(3)]
-    kept = budgets.select_per_head(scores, [100] * 3, 4)
+    kept = selection.select_per_head(scores, [100] * 3, 4)
     children = [eng.prefill(ids, prot=4).fork(kept) for eng in (masking, real)]
     (masked_answer, real_answer) = (_answer(c, c.parent.sha256) for c in children)
     assert masked_answer.token_ids == real_answer.token_ids
@@ -434,7 +434,7 @@ def test_queries_equal_recomputation_from_layer_inputs(family, engine):
 def test_misuse_is_an_error():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(_ids(80), prot=2)
-    all_kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    all_kept = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
     child = parent.fork(all_kept)
     parent.max_live_children = 1  # the torch engine holds several (tests/test_batched_answer.py); at the limit:
     with pytest.raises(ProtocolError, match="live child"):
@@ -465,7 +465,7 @@ def test_bad_kept_sets_are_rejected():
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(_ids(50), prot=0)
     L, H = parent.n_attn_layers, parent.n_kv_heads
-    good = budgets.keep_all(50, L, H)
+    good = selection.keep_all(50, L, H)
     bad_sets = {
         "layers": good[:-1],
         "heads": [heads[:-1] for heads in good],

@@ -235,7 +235,7 @@ def test_decode_kernels_route_one_float32_token_and_restore(kernel_on):
 def test_answers_step_gdn_layers_by_the_kernel(kernel_on, monkeypatch):
     """A child answering alone and children answering batched both take the GDN step kernel at every decoding
     step of every GDN layer, and the parent's end-of-context states stay as they were."""
-    from kvbench import budgets
+    from kvbench import selection
     from kvbench.engines.torch_engine import TorchEngine
     from tests.conftest import tiny_model
 
@@ -245,7 +245,7 @@ def test_answers_step_gdn_layers_by_the_kernel(kernel_on, monkeypatch):
     engine = TorchEngine(tiny_model("qwen3_next"))
     parent = engine.prefill(list(range(3, 90)), prot=2)
     states = [s.clone() for s in parent.cache.layers[parent.gdn_layer_ids[0]].recurrent_states.values()]
-    children = [parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)) for _ in range(3)]
+    children = [parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)) for _ in range(3)]
     alone = children[0].answer([5, 6, 7], max_new_tokens=4, context_sha256=parent.sha256, stop_ids=())
     n_gdn = len(parent.gdn_layer_ids)
     assert calls == [1] * n_gdn * (len(alone.token_ids) - 1)  # every step after the question block

@@ -62,7 +62,7 @@ RULES = {
     ("run", "--task"), ("run", "--allocation"), ("run", "--dtype"), ("run", "--answer-batch"),
     ("report", "--out"), ("report", "--reference"), ("report", "--compare"), ("report", "--cost"),
     ("calibrate", "--out"), ("train-tiny", "--mix"), ("gatesight label", "--dtype"), ("gatesight train", "--out"),
-    ("paper", "--dtype"),
+    ("paper", "--dtype"), ("cost", "--dtype"), ("calibrate", "--dtype"),  # the shared kvbench.options.DTYPE
 }
 TAG = re.compile(r"\[default: ([^\]]*)\]")
 PROSE_DEFAULT = re.compile(r"(?<!non-)\bdefault\b", re.IGNORECASE)

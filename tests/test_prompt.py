@@ -52,6 +52,23 @@ def test_middle_truncation_keeps_first_and_last_halves():
     assert len(r.context_ids) + need == limit
 
 
+def test_truncation_leaves_room_for_the_largest_question_and_answer():
+    """The body is cut so that every question fits with its answer budget: the room is sized from the largest
+    ``len(question) + max_new_tokens`` (here the second question's), not from the first question's."""
+    tok = byte_tokenizer()
+    body = "".join(chr(ord("a") + i % 26) for i in range(1000))
+    first = Question("0", "x?", "A:", 4, ("1",), ("string_match_all",))
+    second = Question("1", "What is the value of the variable named y, exactly?", "Answer:", 64, ("2",), ("s",))
+    limit = 600
+    r = render(tok, _ctx(body, questions=(first, second)), max_length=limit)
+    questions = (first, second)
+    needs = [len(tok(q.text, add_special_tokens=False)["input_ids"]) + q.max_new_tokens for q in questions]
+    assert needs[1] > needs[0]  # the second question needs the most
+    n = len(r.context_ids)
+    totals = [n + len(ids) + q.max_new_tokens for ids, q in zip(r.question_ids, questions, strict=True)]
+    assert max(totals) == limit and totals[1] == limit  # the largest fills the limit exactly, the others fit
+
+
 def test_contexts_that_cannot_fit_are_an_error():
     with pytest.raises(KvbenchError, match="instruction and questions alone"):
         render(byte_tokenizer(), _ctx("body", instruction="y" * 300), max_length=200)

@@ -16,7 +16,7 @@ from kvbench import allocations
 from kvbench.commands import COMMANDS
 from kvbench.engines import ENGINES
 from kvbench.errors import KvbenchError
-from kvbench.methods import BUILTIN_METHODS, METHODS, EvictionMethod, register_method
+from kvbench.methods import METHODS, EvictionMethod, register_method
 from kvbench.registry import Registry, RegistryError, UnknownNameError
 from kvbench.scorers import BUILTIN_SCORERS, SCORERS
 from kvbench.tasks import BENCHES, Bench, UnknownBenchError, get_bench
@@ -202,8 +202,11 @@ def test_a_plugin_registered_by_decorator_and_entry_point_is_one_entry(tmp_path,
 
 
 def test_every_builtin_table_entry_resolves():
-    for name in BUILTIN_METHODS:
+    assert sorted(METHODS.builtin_names()) == sorted(
+        ["full", "random", "snapkv", "keydiff", "triattention", "kvzip", "gatesight", "oracle"])  # fmt: skip
+    for name in METHODS.builtin_names():
         assert issubclass(METHODS.get(name), EvictionMethod) and METHODS.get(name).name == name
+        assert METHODS.source(name).startswith("built-in kvbench.methods.")  # kvbench's own entry point
     for name in BENCHES.names():
         assert issubclass(BENCHES.get(name), Bench)
     for name in BUILTIN_SCORERS:

@@ -159,3 +159,15 @@ def test_report_draws_the_across_models_figure(tmp_path):
     assert (tmp_path / "rep" / "figures" / "models-torch-b-1024-42.pdf").is_file()
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "![Side by side across models](figures/models-torch-b-1024-42.png)" in md
+
+
+def test_across_models_weighs_each_task_once_whatever_its_rows():
+    """The mean over tasks gives every task the same weight: t1 has one row scoring 0, t2 three rows scoring 100,
+    so each model's mean is (0 + 100) / 2 = 50 (weighted by rows it would be 75)."""
+    rows = []
+    for model in ("a", "b"):
+        fp = f"fp-{model}"
+        rows.append(row("x", "t1", 0, 0, 0.5, 0, model=model, model_fingerprint=fp))
+        rows += [row("x", "t2", item, 0, 0.5, 100, model=model, model_fingerprint=fp) for item in range(3)]
+    across = T.across_models(T.task_scores(D.usable(D.frame(rows))))
+    assert list(across.score) == [50.0, 50.0] and set(across.n_tasks) == {2}

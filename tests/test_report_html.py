@@ -166,5 +166,9 @@ def test_the_mixed_task_caption_only_where_a_mixed_task_is(report_dir):
     _, out = report_dir
     page = (out / "index.html").read_text()
     assert "Mean over tasks: " in page and "Mixed SCBench" not in page  # a needle run has no mixed task
-    assert "Mixed SCBench" in render._averaged_caption(pd.DataFrame({"sub": ["", "kv"]}))
-    assert "Mixed SCBench" not in render._averaged_caption(pd.DataFrame({"sub": ["", ""]}))
+    assert "Mixed SCBench" in render._averaged_caption(pd.DataFrame({"sub": ["", "kv"], "bench": ["scbench"] * 2}))
+    assert "Mixed SCBench" not in render._averaged_caption(pd.DataFrame({"sub": ["", ""], "bench": ["scbench"] * 2}))
+    # a bench with sub-tasks captions its own (the base's sentence for one that declares none; a plugin such as
+    # docs/extending.md's words), never SCBench's
+    other = render._averaged_caption(pd.DataFrame({"sub": ["first", "last"], "bench": ["words"] * 2}))
+    assert "Mixed SCBench" not in other and "Tasks with sub-tasks enter as the mean of their sub-task scores" in other

@@ -720,3 +720,14 @@ def test_niah_layout_replays_rulers_draws(task):
     assert ctx.meta["keys"] == keys and ctx.meta["values"] == values
     assert ctx.meta["queries"] == [keys[i] for i in picked]
     assert ctx.questions[0].references == tuple(v for i in picked for v in values[i])
+
+
+def test_needle_depths_are_rulers_rounded_linspace():
+    """RULER's depths are ``np.round(np.linspace(0, 100, 40))``, computed here by numpy apart from kvbench's
+    table (which the essay replay test also reads, so it cannot check it): rounded, not truncated (truncation
+    gives 2 for 2.56, 5 for 5.13, …)."""
+    import numpy as np
+
+    want = tuple(int(d) for d in np.round(np.linspace(0, 100, 40)))
+    assert DEPTHS == want
+    assert DEPTHS[1:4] == (3, 5, 8) and DEPTHS[-1] == 100

@@ -116,6 +116,21 @@ def test_qa_chn_official_vs_revised(prediction, official, revised):
     assert r == pytest.approx(100 * revised)
 
 
+def test_qa_chn_f1_counts_repeated_characters():
+    """Character F1 counts a character as often as both sides have it (a multiset intersection, as the official
+    ``Counter(a) & Counter(b)``): prediction 北北京 against 北北京大学 shares 3 characters, P = 3/3, R = 3/5,
+    F1 = 0.75 (a set intersection would share 2: P = 2/3, R = 2/5, F1 = 0.5)."""
+    assert both("qa_chn", "北北京", ("北北京大学",))[1] == pytest.approx(75.0)
+
+
+def test_qa_chn_normalises_the_references_too():
+    """The references go through normalize_zh_answer like the prediction: punctuation, spaces and case in a
+    reference do not count (revised: the whole reference; official: each of its characters)."""
+    assert both("qa_chn", "北京大学", ("北京，大学",))[1] == 100.0
+    assert both("qa_chn", "ab", ("A B",))[1] == 100.0
+    assert both("qa_chn", "a", ("A",))[0] == 100.0  # official: the reference character "A" reads as "a"
+
+
 def test_qa_chn_normalisation_and_max_over_complete_references():
     assert sc.normalize_zh_answer(" 北京，大学！ AB ") == "北京大学ab"
     # revised: punctuation/whitespace/case do not matter, best complete reference wins

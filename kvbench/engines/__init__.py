@@ -38,8 +38,8 @@ VLLM_HEADROOM = 512  # tokens past --length the vllm engine reserves for questio
 #: that needs one names it in its ``requires``.
 CAPABILITIES: dict[str, str] = {
     "model_weights": "the engine's ``adapter`` (a HybridAdapter) exposes the model's torch attention modules, "
-    "e.g. each layer's output projection W_O (the oracle reads it)",
-    "ragged_heads": "a fork keeps different counts for the KV heads of one layer (the global allocation)",
+    "e.g. each layer's output projection W_O (a method that recomputes attention outputs reads it)",
+    "ragged_heads": "a fork keeps different counts for the KV heads of one layer (a ragged allocation)",
 }
 
 #: The built-in engines: name -> "module:class".

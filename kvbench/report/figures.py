@@ -21,7 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from kvbench.report.tables import FULL, ranked_labels  # noqa: E402
+from kvbench.methods import REFERENCE  # noqa: E402
+from kvbench.report.tables import ranked_labels  # noqa: E402
 
 __all__ = ["SAVE_OPTIONS", "across_curves", "averaged_curves", "colors", "fit_title", "per_task_curves", "save"]
 
@@ -59,7 +60,7 @@ def _panel(ax, cells: pd.DataFrame, palette: dict, bands: pd.DataFrame | None) -
     ranked = ranked_labels(cells)
     for lab, g in cells.groupby("label", sort=True):
         g = g.sort_values("p")
-        if g.method.iloc[0] == FULL:
+        if g.method.iloc[0] == REFERENCE:
             for score in g.score:
                 ax.axhline(score, color="0.45", lw=1.2, label="no prune (full)")
             continue
@@ -154,9 +155,10 @@ def across_curves(across: pd.DataFrame, names: dict[tuple[str, str], str], title
 
 
 def save(fig: Figure, stem: Path, dpi: int = 110) -> list[Path]:
-    """Write ``stem.png`` and ``stem.pdf``; return both paths."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``stem.png`` and ``stem.pdf`` (each through :func:`kvbench.atomic.write_with`); return both paths."""
+    from kvbench.atomic import write_with
+
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=dpi, **SAVE_OPTIONS)
-    fig.savefig(paths[1], **SAVE_OPTIONS)
+    write_with(paths[0], lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, **SAVE_OPTIONS))
+    write_with(paths[1], lambda tmp: fig.savefig(tmp, format="pdf", **SAVE_OPTIONS))
     return paths

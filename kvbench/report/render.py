@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from kvbench.atomic import write_atomic
 from kvbench.report import figures as F
 from kvbench.report import tables as T
 from kvbench.report.data import SETTING, setting_title, usable
@@ -139,7 +140,8 @@ def _ceiling_note(gap: pd.DataFrame) -> str:
     note = "Ceiling minus method, points (mean over tasks)."
     if (gap.gap < 0).any():
         note += (
-            " A negative gap: the method scored above the ceiling. The oracle keeps what the question and the "
+            " A negative gap: the method scored above the ceiling. The query-aware ceiling keeps what the question "
+            "and the "
             "full-cache answer need (that answer is its target), so it is a ceiling on keeping the full cache's "
             "answer, not on accuracy: where pruning changes an answer for the better (partial credit, or a full-cache "
             "answer that was wrong) a query-agnostic method can score above it."
@@ -272,11 +274,15 @@ def _counts(cells: pd.DataFrame, slug: str, title: str) -> Table:
 
 
 def _averaged_caption(rows: pd.DataFrame) -> str:
-    """The caption of a setting's mean-over-tasks figure (``rows``: the setting's usable rows); the sentence on
-    mixed SCBench tasks only where the setting has one."""
+    """The caption of a setting's mean-over-tasks figure (``rows``: the setting's usable rows); where a task has
+    sub-tasks, its bench's sentence on them (:attr:`kvbench.tasks.Bench.sub_task_caption`)."""
+    from kvbench.tasks import BENCHES, Bench
+
     caption = "Each method's accuracy averaged over the section's tasks vs kept fraction."
-    if "sub" in rows and rows["sub"].astype(str).ne("").any():
-        caption += " Mixed SCBench tasks enter as the mean of their two sub-task scores."
+    if "sub" in rows:
+        for bench in sorted(set(rows.loc[rows["sub"].astype(str).ne(""), "bench"].astype(str))):
+            cls = BENCHES.get(bench) if bench in BENCHES else Bench
+            caption += " " + cls.sub_task_caption
     return caption
 
 
@@ -500,14 +506,14 @@ def write(report: Report, out_dir: Path) -> Path:
         md += [f"## {sec.title} (report)", ""]
         for b in sec.blocks:
             if isinstance(b, Table):
-                b.data.to_csv(out_dir / "tables" / f"{b.name}.csv", index=False)
-                (out_dir / "tables" / f"{b.name}.tex").write_text(to_latex(b), encoding="utf-8")
+                write_atomic(out_dir / "tables" / f"{b.name}.csv", b.data.to_csv(index=False))
+                write_atomic(out_dir / "tables" / f"{b.name}.tex", to_latex(b))
                 md.append(to_markdown(b))
             else:
-                (out_dir / "figures" / f"{b.name}.png").write_bytes(b.png)
-                (out_dir / "figures" / f"{b.name}.pdf").write_bytes(b.pdf)
+                write_atomic(out_dir / "figures" / f"{b.name}.png", b.png)
+                write_atomic(out_dir / "figures" / f"{b.name}.pdf", b.pdf)
                 md += [f"![{b.title}](figures/{b.name}.png)", "", b.caption, ""]
-    (out_dir / "report.md").write_text("\n".join(md), encoding="utf-8")
+    write_atomic(out_dir / "report.md", "\n".join(md))
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("kvbench.report", "templates"), autoescape=jinja2.select_autoescape(["html"])
     )
@@ -520,5 +526,5 @@ def write(report: Report, out_dir: Path) -> Path:
         ],
     )  # fmt: skip
     index = out_dir / "index.html"
-    index.write_text(page, encoding="utf-8")
+    write_atomic(index, page)
     return index

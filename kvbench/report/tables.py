@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from kvbench.methods import REFERENCE
 from kvbench.report.data import SETTING
 
 __all__ = [
-    "FULL",
     "GROUP",
     "across_groups",
     "across_models",
@@ -52,7 +52,6 @@ __all__ = [
     "task_scores",
 ]
 
-FULL = "full"
 _OBS = {"observed": True, "sort": True}
 
 
@@ -97,7 +96,7 @@ def averaged(cells: pd.DataFrame) -> pd.DataFrame:
 
 def ranked_labels(cells: pd.DataFrame) -> set[str]:
     """Labels that compete in rankings and best marks: not ``full``, not query-aware."""
-    return set(cells.loc[(cells.method != FULL) & ~cells.query_aware.astype(bool), "label"])
+    return set(cells.loc[(cells.method != REFERENCE) & ~cells.query_aware.astype(bool), "label"])
 
 
 def main_table(avg: pd.DataFrame) -> pd.DataFrame:
@@ -119,7 +118,7 @@ def main_table(avg: pd.DataFrame) -> pd.DataFrame:
             for lab in values.index[np.isclose(values, values.max(), rtol=0, atol=1e-9)]:
                 best[lab].append(col)
     aware = set(avg.loc[avg.query_aware.astype(bool), "label"])
-    order = sorted(wide.index, key=lambda lab: (lab in aware, not lab.startswith(FULL + " "), lab))
+    order = sorted(wide.index, key=lambda lab: (lab in aware, not lab.startswith(REFERENCE + " "), lab))
     out = wide.loc[order].reset_index()
     out["best"] = [best[lab] for lab in out.label]
     return out
@@ -294,7 +293,7 @@ def paired_bootstrap(
     out; a setting without the reference method gets no rows.
     """
     cols = [*SETTING, "task", "label", "p", "diff", "lo", "hi", "significant", "n_pairs", "n_contexts", "reference"]
-    d = df[~df.query_aware.astype(bool) & (df.method != FULL)]
+    d = df[~df.query_aware.astype(bool) & (df.method != REFERENCE)]
     out = []
     for key, g in d.groupby(SETTING, **_OBS):
         ref = _reference_label(g, reference)
@@ -459,7 +458,7 @@ def allocation_ablation(avg: pd.DataFrame, defaults: dict[str, str] | None = Non
     ``defaults``: the rows' recorded defaults (:func:`recorded_defaults`); a method whose default is unknown or
     was not run gets ``default`` ``""`` and NaN deltas (never another allocation as a stand-in)."""
     cols = [*SETTING, "method", "allocation", "default", "p", "score", "delta", "partial"]
-    a = avg[~avg.query_aware.astype(bool) & (avg.method != FULL)]  # a variant METHOD[OPTION=VALUE] is its own method
+    a = avg[~avg.query_aware.astype(bool) & (avg.method != REFERENCE)]  # a variant METHOD[OPTION=VALUE]: its own method
     out = []
     for (*_, method), g in a.groupby([*SETTING, "method"], sort=True):
         allocs = sorted(set(g.allocation))

@@ -30,8 +30,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from kvbench.atomic import write_atomic
+from kvbench.methods import METHODS, REFERENCE
 from kvbench.report.data import SETTING, bench_label, frame, setting_title, usable
-from kvbench.report.tables import FULL, across_groups, model_names, ranked_labels, task_scores
+from kvbench.report.tables import across_groups, model_names, ranked_labels, task_scores
 from kvbench.results.keys import ENDED_EARLY
 
 __all__ = ["RANDOM_WARNING", "Heading", "as_frame", "choice_notes", "missing_lines", "print_report", "reference_note",
@@ -56,7 +58,7 @@ def summarize(rows: Rows) -> pd.DataFrame:
 
 #: How the tables name the no-prune reference (method ``full`` at p = 1.0): its row, and its column in the compact
 #: table; each method's difference from it is the row (or column) :data:`VS_NO_PRUNE`, points.
-NO_PRUNE, NO_PRUNE_COLUMN, VS_NO_PRUNE = f"no prune ({FULL})", "no prune", "vs no prune"
+NO_PRUNE, NO_PRUNE_COLUMN, VS_NO_PRUNE = f"no prune ({REFERENCE})", "no prune", "vs no prune"
 
 
 @dataclass
@@ -93,7 +95,7 @@ def _drop(x: float) -> str:
 def split_reference(g: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
     """The no-prune score per task (method ``full`` at p = 1.0; the first such label by name where there are
     several) of ``g`` (:func:`summarize` rows of one setting), and the other rows."""
-    is_full = (g.method.astype(str) == FULL) & (g.p == 1.0)
+    is_full = (g.method.astype(str) == REFERENCE) & (g.p == 1.0)
     if not is_full.any():
         return pd.Series(dtype=float), g
     label = sorted(g.loc[is_full, "label"].unique())[0]
@@ -124,7 +126,7 @@ def _setting_tables(key: tuple, g: pd.DataFrame) -> list[_Table]:
     ref, rest = split_reference(g)
     if rest.empty:
         scores = ", ".join(f"{t} {ref[t]:.1f}" for t in tasks)
-        line = f"Only no-prune rows ({FULL}) here, nothing to compare: {scores}. Add a method: --method NAME."
+        line = f"Only no-prune rows ({REFERENCE}) here, nothing to compare: {scores}. Add a method: --method NAME."
         return [_Table(section, "", [], [], line, heading)]
     bench = key[SETTING.index("bench")]
     partial = f"*: a mean over fewer than the {len(tasks)} tasks of {bench} (some task lacks the cell)."
@@ -213,7 +215,7 @@ def across_shown(across: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     cell = {(r.label, (r.model, r.model_fingerprint), r.p): r for r in across.itertuples(index=False)}
     aware = set(across.loc[across.query_aware.astype(bool), "label"])
     mean_rank = across.groupby("label")["rank"].mean()
-    labels = sorted(set(across.label), key=lambda lab: (lab in aware, not lab.startswith(FULL + " "),
+    labels = sorted(set(across.label), key=lambda lab: (lab in aware, not lab.startswith(REFERENCE + " "),
                                                         mean_rank.get(lab, math.inf), lab))  # fmt: skip
 
     def text(r) -> str:
@@ -440,7 +442,7 @@ def choice_notes(
         elif given is None and several and chosen not in (None, default):
             notes.append(f"{what} compare with {chosen} (no {default} rows); {flag} METHOD picks another")
     if methods and not several:
-        other = "snapkv" if methods[0] != "snapkv" else "random"
+        other = next((name for name in METHODS if name not in present and name != REFERENCE), "NAME")
         notes.append(f"for confidence intervals add a method: --method {methods[0]},{other} (rows there are kept)")
     return notes
 
@@ -448,6 +450,5 @@ def choice_notes(
 def write_report(rows: Rows, out_path: Path, missing: dict[str, str] | None = None) -> Path:
     """Write the markdown report to ``out_path`` (parent directories created); return the path."""
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(render_markdown(rows, missing), encoding="utf-8")
+    write_atomic(out_path, render_markdown(rows, missing))
     return out_path

@@ -12,7 +12,7 @@ from typing import NamedTuple, Sequence
 from kvbench import allocations, budgets
 from kvbench.engines import ENGINES, engines_for
 from kvbench.errors import KvbenchError
-from kvbench.methods import EvictionMethod, get_method, method_class
+from kvbench.methods import REFERENCE, EvictionMethod, get_method, method_class
 from kvbench.models import BUILTIN_MODELS, DEFAULT_LENGTH, LoadedModel, check_device, check_dtype
 from kvbench.rows import P_DECIMALS
 from kvbench.tasks import get_bench
@@ -42,7 +42,7 @@ class RunConfig:
     method_options: dict[str, dict[str, str]] = field(default_factory=dict)  # --set METHOD.OPTION=VALUE
     answer_batch: int | None = None  # children answering together; None: all of a context that fit in memory
     answer_contexts: int | None = None  # contexts whose children answer together (AnswerPool); None: ANSWER_CONTEXTS
-    reference: bool = False  # also run REFERENCE (no prune) when ``methods`` lacks it; ``kvbench run`` sets it
+    reference: bool = False  # also run methods.REFERENCE (no prune) when ``methods`` lacks it; ``kvbench run`` sets it
 
 
 @dataclass
@@ -70,11 +70,6 @@ def _no_duplicates(option: str, values: Sequence) -> None:
     twice = sorted({str(v) for v in values if list(values).count(v) > 1})
     if twice:
         raise KvbenchError(f"{option} lists {', '.join(twice)} more than once; give each value once")
-
-
-#: The no-prune reference: ``kvbench run`` adds it to every run (``--no-reference`` leaves it out). It keeps every
-#: entry at p = 1.0 whatever ``--p`` (its ``fixed_p``), so it costs one child per context.
-REFERENCE = "full"
 
 
 def planned_methods(config: RunConfig) -> list[str]:

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kvbench import options
 from kvbench.errors import KvbenchError
 
 app = typer.Typer(
@@ -67,9 +68,9 @@ def label(
     min_doc_tokens: int = typer.Option(16, "--min-doc-tokens", help="Shorter documents are skipped."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Label at most this many documents."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run the Appendix B checks on every document."),
-    device: str = typer.Option("cpu", "--device"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32|bfloat16|float16 (default: fp32 on CPU)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    device: str = options.DEVICE,
+    dtype: Optional[str] = options.DTYPE,
+    threads: Optional[int] = options.THREADS,
 ) -> None:
     """Sample continuations of every document and label every KV entry with its future utility (Eq. 2)."""
     import torch
@@ -153,7 +154,7 @@ def train(
     hidden: int = typer.Option(64, "--hidden", help="Hidden units per MLP."),
     seed: int = typer.Option(0, "--seed"),
     exclude_corpus: Optional[str] = typer.Option(None, "--exclude-corpus", help="Comma list of corpora to leave out."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    threads: Optional[int] = options.THREADS,
 ) -> None:
     """Train the per-(layer, KV head) MLPs on a label directory and write the artifact."""
     import torch
@@ -209,7 +210,7 @@ def eval_(
     batch_size: int = typer.Option(256, "--batch-size"),
     hidden: int = typer.Option(64, "--hidden"),
     seed: int = typer.Option(0, "--seed"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    threads: Optional[int] = options.THREADS,
 ) -> None:
     """Table 5: untrained signals, ridge and the per-head MLP, leave-one-corpus-out."""
     import torch

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.atomic import write_atomic
 from kvbench.errors import KvbenchError
 
 from .estimator import GateSightEstimator
@@ -434,8 +435,7 @@ def render_rich(result: EvalResult):
 def write_result(result: EvalResult, out: str | Path) -> tuple[Path, Path]:
     """``out/gatesight_eval.json`` and ``out/gatesight_eval.md``."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     js, md = out / "gatesight_eval.json", out / "gatesight_eval.md"
-    js.write_text(json.dumps(result.to_json(), indent=2, sort_keys=False) + "\n")
-    md.write_text(render_markdown(result))
+    write_atomic(js, json.dumps(result.to_json(), indent=2, sort_keys=False) + "\n")
+    write_atomic(md, render_markdown(result))
     return js, md

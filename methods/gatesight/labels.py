@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from kvbench.atomic import write_with
+from kvbench.atomic import write_atomic, write_with
 from kvbench.corpus import Document, read_corpus
 from kvbench.errors import KvbenchError
 
@@ -156,7 +156,7 @@ def label_corpus(
     _check_manifest(out, manifest)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / MANIFEST).exists():
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     head, tail = template_parts(tokenizer) if tokenizer is not None else ("", "")
 
     prefix, suffix = encode(tokenizer, head), encode(tokenizer, tail)

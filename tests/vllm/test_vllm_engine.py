@@ -20,7 +20,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: these tests run 
 
 import torch.nn.functional as F  # noqa: E402
 
-from kvbench import budgets  # noqa: E402
+from kvbench import budgets, selection  # noqa: E402
 from kvbench.errors import KvbenchError, ProtocolError  # noqa: E402
 from kvbench.models import build_random, load_model, tiny_vllm_config  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_question_positions_continue_the_context(engine, parent):
 
 def test_keep_all_child_is_token_identical_to_parent(parent):
     want = _answer(parent, parent.sha256, logits=True)
-    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    child = parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
     got = _answer(child, parent.sha256, logits=True)
     assert got.token_ids == want.token_ids
     assert torch.equal(got.step_logits, want.step_logits)
@@ -131,7 +131,7 @@ def test_stale_pool_contents_never_reach_an_answer(engine, parent):
     others = torch.tensor([b for b in range(views[0].shape[0]) if b not in held])
     for view in views:
         view.index_fill_(0, others, float("nan"))
-    child = parent.fork(budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
+    child = parent.fork(selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads))
     got = _answer(child, parent.sha256, logits=True)
     child.release()
     assert got.token_ids == want.token_ids
@@ -141,7 +141,7 @@ def test_stale_pool_contents_never_reach_an_answer(engine, parent):
 def test_gdn_state_is_restored_for_every_question(parent):
     """Questions on one child each start from the end-of-context GDN state: a question asked after another
     equals the same question asked alone, and repeating the first one reproduces it."""
-    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)], [200, 120, 60], 4)
+    kept = selection.select_per_head([torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)], [200, 120, 60], 4)
     other = [9, 8, 7, 6]
     child = parent.fork(kept)
     first = _answer(child, parent.sha256, logits=True)
@@ -169,7 +169,7 @@ def _kept(parent, counts, ragged: bool, seed: int = 3):
     """Kept sets with different index sets per head; ``counts[f]`` per head, or with ``ragged`` different
     counts on the KV heads of a layer (``counts[f] - 37 * h`` on head ``h``)."""
     g = torch.Generator().manual_seed(seed)
-    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n, generator=g) for _ in counts], counts, 4)
+    kept = selection.select_per_head([torch.rand(parent.n_kv_heads, parent.n, generator=g) for _ in counts], counts, 4)
     if ragged:
         kept = [[idx[: len(idx) - 37 * h] for h, idx in enumerate(layer)] for layer in kept]
     return kept
@@ -240,7 +240,8 @@ def test_count_differs_per_head_blocks_and_answers(engine, parent):
 def test_freed_blocks_equal_evicted_share(engine, parent, p):
     bs = engine.block_size
     body = budgets.per_head_budget(parent.n, parent.prot, p)
-    kept = budgets.select_per_head([torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)], [body] * 3, parent.prot)
+    scores = [torch.rand(parent.n_kv_heads, parent.n) for _ in range(3)]
+    kept = selection.select_per_head(scores, [body] * 3, parent.prot)
     k = len(kept[0][0])  # the protected prefix plus the budget
     free_before = engine.free_blocks()
     child = parent.fork(kept)
@@ -340,7 +341,7 @@ def test_a_second_open_engine_is_an_error(engine):
 
 
 def test_misuse_is_an_error(engine, parent):
-    kept = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+    kept = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
     child = parent.fork(kept)
     with pytest.raises(ProtocolError, match="hash mismatch"):
         child.answer(Q_IDS, max_new_tokens=2, context_sha256="0" * 64)

@@ -26,7 +26,7 @@ Modules (all deterministic in their seeds):
 * :mod:`~kvbench_training.cli` - the ``train-tiny`` command.
 
 ``CALIBRATION_KINDS`` and ``write_calibration_corpus`` (the generic synthetic corpus the shipped artifacts are
-calibrated on) live in the core, :mod:`kvbench.calibration_corpus`, and are re-exported here.
+calibrated on) live with kvbench's benches, :mod:`kvbench.tasks.calibration_corpus`, and are re-exported here.
 """
 
 from kvbench.lazy import lazy_attributes
@@ -35,7 +35,7 @@ from kvbench.lazy import lazy_attributes
 # --help`` does, for the app in .cli) imports no torch
 _WHERE = {
     "ARCHS": "kvbench_training.model",
-    "CALIBRATION_KINDS": "kvbench.calibration_corpus",
+    "CALIBRATION_KINDS": "kvbench.tasks.calibration_corpus",
     "DEFAULT_CURRICULUM": "kvbench_training.data",
     "DEFAULT_STEPS": "kvbench_training.loop",
     "EVAL_SEED": "kvbench_training.data",
@@ -76,7 +76,7 @@ _WHERE = {
     "train_tokenizer": "kvbench_training.tokenizer",
     "training_example": "kvbench_training.data",
     "training_stages": "kvbench_training.card",
-    "write_calibration_corpus": "kvbench.calibration_corpus",
+    "write_calibration_corpus": "kvbench.tasks.calibration_corpus",
 }
 
 __all__ = [

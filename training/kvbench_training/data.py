@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import torch
 
-from kvbench.calibration_corpus import synthetic_text
 from kvbench.errors import KvbenchError
 from kvbench.prompt import encode
+from kvbench.tasks.calibration_corpus import synthetic_text
 
 TRAIN_SEED_BASE = 10_000  # training generator seeds are >= this; evaluation uses seed 42
 EVAL_SEED = 42
@@ -162,7 +162,7 @@ def curriculum_length(curriculum: Curriculum, step: int, steps: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# Text shared with the tokenizer corpus (the haystack text itself: kvbench.calibration_corpus.synthetic_text)
+# Text shared with the tokenizer corpus (the haystack text itself: kvbench.tasks.calibration_corpus.synthetic_text)
 
 
 def ruler_bench():

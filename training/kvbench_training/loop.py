@@ -335,11 +335,10 @@ def _save_checkpoint(path: Path, run: _Run, step: int, args: TrainArgs) -> None:
 def save_final(path: str | Path, model, tokenizer, args: TrainArgs, log: list[dict]) -> Path:
     """The trained model in float32: ``save_pretrained`` (safetensors), tokenizer, ``kvbench_builtin.json``,
     ``training_log.json`` (per step: loss, lr, row length, grad norm, tokens/s, supervised loss per task)
-    and ``training_args.json``."""
+    and ``training_args.json``, written into a fresh folder that replaces ``path`` whole
+    (:func:`kvbench.atomic.write_dir`)."""
     path = Path(path)
     model.eval()
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
     saved_args, full_log = asdict(args), [dict(e, stage=1) for e in log]
     if args.init is not None:  # a later stage: carry the earlier stages' arguments and log
         init = Path(args.init)
@@ -349,9 +348,15 @@ def save_final(path: str | Path, model, tokenizer, args: TrainArgs, log: list[di
         full_log = earlier + [dict(e, stage=stage) for e in log]
     lengths = [e["len"] for e in full_log]
     marker = {"name": ARCHS[args.arch], "random_weights": False, "context_length": max(lengths) if lengths else None}
-    (path / "kvbench_builtin.json").write_text(json.dumps(marker))
-    (path / "training_log.json").write_text(json.dumps(full_log))
-    (path / "training_args.json").write_text(json.dumps(saved_args, indent=1))
+
+    def write_final(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker))
+        (tmp / "training_log.json").write_text(json.dumps(full_log))
+        (tmp / "training_args.json").write_text(json.dumps(saved_args, indent=1))
+
+    write_dir(path, write_final)
     return path
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from kvbench.calibration_corpus import synthetic_text
 from kvbench.models import CHAT_TEMPLATE, SPECIAL_TOKENS
+from kvbench.tasks.calibration_corpus import synthetic_text
 from kvbench_training.data import DENSE_TASKS, TASK_MIX, TRAIN_SEED_BASE, answer_text, ruler_bench
 
 

@@ -15,7 +15,7 @@ from kvbench.methods.gatesight.paper.artifacts import Grid, Plan
 
 __all__ = ["Estimate", "costs_from_rows", "estimate_grid", "format_dry_run", "format_minutes", "load_costs"]
 
-_KINDS_PER_CORPUS = 3  # kvbench.calibration_corpus.CALIBRATION_KINDS: haystack, words, assignments
+_KINDS_PER_CORPUS = 3  # kvbench.tasks.calibration_corpus.CALIBRATION_KINDS: haystack, words, assignments
 
 
 def load_costs() -> dict:

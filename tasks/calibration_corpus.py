@@ -1,14 +1,17 @@
-"""A generic synthetic corpus for calibrating methods on the shipped model (not task data).
+"""A generic synthetic corpus for calibrating methods on the shipped model (not task data), in the vocabulary of
+RULER's haystacks (:mod:`kvbench.tasks.ruler_data`).
 
-Core, not training: ``kvbench paper`` writes its label corpora with it and scripts/calibrate_tiny.sh the shipped
-artifacts' corpus; the trainer (kvbench-training, ``training/``) reads :func:`synthetic_text` for its tokenizer
-corpus."""
+With the benches, not the core (which imports no bench) nor training: ``kvbench paper`` writes its label corpora
+with it and scripts/calibrate_tiny.sh the shipped artifacts' corpus; the trainer (kvbench-training, ``training/``)
+reads :func:`synthetic_text` for its tokenizer corpus."""
 
 from __future__ import annotations
 
 import random
 import string
 from pathlib import Path
+
+from kvbench.atomic import write_atomic
 
 
 def synthetic_text(rng: random.Random, n_chars: int) -> str:
@@ -72,8 +75,7 @@ def write_calibration_corpus(out_dir: str | Path, n_docs: int = 16, n_chars: int
     ``out_dir``."""
     out_dir = Path(out_dir)
     for kind in CALIBRATION_KINDS:
-        (out_dir / kind).mkdir(parents=True, exist_ok=True)
         for i in range(n_docs):
             rng = random.Random(f"kvbench-calibration:{seed}:{kind}:{i}")
-            (out_dir / kind / f"{i:03d}.txt").write_text(_WRITERS[kind](rng, n_chars) + "\n")
+            write_atomic(out_dir / kind / f"{i:03d}.txt", _WRITERS[kind](rng, n_chars) + "\n")
     return out_dir
