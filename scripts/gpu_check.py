@@ -461,7 +461,7 @@ TORCH, VLLM = "torch", "vllm"
 
 def part_table(args) -> list[tuple[str, str, int, object]]:
     """(name, environment, limit in seconds, what it runs) for every part, in order."""
-    twin_len = args.twin_length or (16384 if args.device.startswith("cuda") else 512)
+    twin_len = args.twin_length or (16384 if args.device.startswith("cuda") else 1024)
     table = [(f"torch_engine/{m}", TORCH, 240, lambda m=m: check_torch_engine(m, args.device, args.items))
              for m in FAMILIES]  # fmt: skip
     table.append(("fast_kernels", TORCH, 300, lambda: check_fast_kernels(args.device, args.out)))
@@ -517,7 +517,7 @@ def main() -> int:
     parser.add_argument("--allow-missing", default="", help="vllm: a vLLM part that cannot run does not fail")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--budget-s", type=float, default=None, help="whole-check limit (default 480 on CUDA)")
-    parser.add_argument("--twin-length", type=int, default=None, help="shape-twin tokens (16384 on CUDA, 512 on CPU)")
+    parser.add_argument("--twin-length", type=int, default=None, help="shape-twin tokens (16384 on CUDA, 1024 on CPU)")
     parser.add_argument("--limit-scale", type=float, default=None,
                         help="multiply every part's limit (default 1 on CUDA, 4 on a CPU dry run)")  # fmt: skip
     parser.add_argument("--run-part", default=None, help=argparse.SUPPRESS)
