@@ -49,8 +49,10 @@ def shipped_alternative(name: str, cached: Path) -> Path:
     :class:`KvbenchError` listing the shipped ones."""
     from kvbench.models import cache_dir
 
+    rel = cached.relative_to(cache_dir() / "calibration")
+    folder = rel.parts[0]  # the method's own folder of the default set; an alternative set mirrors it
     known = (
-        sorted(p.name for p in SHIPPED_CALIBRATION.iterdir() if p.is_dir() and (p / "gatesight").is_dir())
+        sorted(p.name for p in SHIPPED_CALIBRATION.iterdir() if p.is_dir() and (p / folder).is_dir())
         if SHIPPED_CALIBRATION.is_dir()
         else []
     )
@@ -59,7 +61,7 @@ def shipped_alternative(name: str, cached: Path) -> Path:
             f"no shipped calibration {name!r}; the shipped alternatives are: {', '.join(known) or 'none'} "
             "(leave calibration unset for the default one)"
         )
-    return SHIPPED_CALIBRATION / name / cached.relative_to(cache_dir() / "calibration")
+    return SHIPPED_CALIBRATION / name / rel
 
 
 @dataclass(frozen=True)

@@ -300,6 +300,31 @@ class LoadedModel:
     context_length: int | None = None  # the length the model was trained for, when it says (kvbench_builtin.json)
 
 
+def _materialize_shape(name: str) -> Path:
+    """A shape twin's (:mod:`kvbench.checkpoints.shape`) checkpoint directory under the kvbench cache, built
+    once (random weights, seed 0)."""
+    hub_id, layers = shape.parse(name)
+    published = shape.published_config(hub_id)
+    tokenizer = byte_tokenizer()
+    vocab = 384  # the byte tokenizer's 259 ids, padded like the tiny-random models
+    config, cuts = shape.twin_config(
+        published, layers, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, SUPPORTED_MODEL_TYPES
+    )
+    path = cache_dir() / "models" / f"shape-{hub_id.replace('/', '--')}-{layers}L-{shape.TWIN_VERSION}"
+    if (path / "kvbench_builtin.json").is_file():
+        return path
+    model = build_random(config, seed=0)
+    marker = {"name": name, "random_weights": True, "shape_of": hub_id, "layers": layers, "cuts": cuts}
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker, indent=1))
+
+    write_dir(path, write, overwrite=False)  # another process may have built it meanwhile: the first one wins
+    return path
+
+
 def load_model(
     name_or_path: str | None = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None, *, weights: bool = True
 ) -> LoadedModel:
@@ -318,7 +343,7 @@ def load_model(
         path = str(materialize_builtin(name_or_path))
         name = name_or_path
     elif shape.is_shape(name_or_path):  # a shape twin of a published model (kvbench.checkpoints.shape)
-        path, name = str(shape.materialize(name_or_path)), name_or_path
+        path, name = str(_materialize_shape(name_or_path)), name_or_path
     elif Path(name_or_path).exists():
         _check_local_checkpoint(Path(name_or_path))
         path = name_or_path
@@ -389,27 +414,9 @@ def cached_fingerprint(path: str, name: str, dtype: torch.dtype, tokenizer, conf
         raise ModelError(f"--model {name}: cannot fingerprint its files ({_one_line(exc)})") from None
 
 
-#: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
-#: another directory (a fresh clone) or under another transformers patch release keep their fingerprint.
-_NOT_THE_MODEL = ("_name_or_path", "transformers_version")
-#: RoPE settings that some transformers releases also copy to the top level of the config (5.19 does for
-#: partial_rotary_factor, 5.24 does not); a top-level copy equal to ``rope_parameters``' value is dropped.
-_ROPE_ALIASES = ("partial_rotary_factor", "rope_theta")
-
-
-def _canonical_config(config: dict) -> dict:
-    """``config`` without where-from keys and without top-level copies of ``rope_parameters`` entries."""
-    config = {k: v for k, v in config.items() if k not in _NOT_THE_MODEL}
-    rope = config.get("rope_parameters") or {}
-    for alias in _ROPE_ALIASES:
-        if alias in config and isinstance(rope, dict) and rope.get(alias) == config[alias]:
-            del config[alias]
-    return config
-
-
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
-    """SHA-256 over the config (less ``_NOT_THE_MODEL``), every parameter's name/shape/dtype and a strided
-    sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at
+    """SHA-256 over the config (less :data:`kvbench.checkpoints.files.NOT_THE_MODEL`), every parameter's
+    name/shape/dtype and a strided sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and chat template. Cheap at
     any scale, and different for any two models that differ in architecture, tokenizer or (almost surely)
     weights; the same for one model wherever it is loaded from, and under transformers 5.19 (the vLLM
     environment) and 5.24. For a model in memory only (built in code, never saved); a checkpoint that

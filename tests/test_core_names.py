@@ -14,10 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "kvbench"
-#: Folders under kvbench/ the rules do not read yet, each with why.
-EXEMPT = {
-    "paper": "moves out with issue 62",
-}
+#: Folders under kvbench/ the rules do not read, each with why (none: the paper moved to methods/gatesight/paper/).
+EXEMPT: dict[str, str] = {}
 #: (file, string) pairs that name something else than the extension of that name, each with what it is.
 NOT_AN_EXTENSION = {
     ("kvbench/engines/hf_adapters.py", "gate"): "the attention output gate, a prefill signal (not the allocation)",
@@ -29,7 +27,6 @@ EXTENSION_PACKAGES = {
     "kvbench.methods": ROOT / "methods",
     "kvbench.tasks": ROOT / "tasks",
     "kvbench.scorers": ROOT / "scorers",
-    "kvbench.paper": CORE / "paper",
 }
 
 
@@ -48,8 +45,6 @@ def _extension_module(dotted: str) -> str | None:
     ``"kvbench.tasks.ruler_data:X"``); None for the packages themselves and everything else."""
     module = dotted.split(":")[0]
     for package, folder in EXTENSION_PACKAGES.items():
-        if module == package and package == "kvbench.paper":
-            return module
         if module.startswith(package + "."):
             first = module[len(package) + 1 :].split(".")[0]  # a module or subpackage, not a name of the package
             if (folder / f"{first}.py").is_file() or (folder / first / "__init__.py").is_file():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvbench import models
+from kvbench.checkpoints.files import canonical_config
 from kvbench.models import load_model
 
 
@@ -58,7 +59,7 @@ def test_the_fingerprint_is_the_files_digest_computed_independently(cache):
     lm = load_model("tiny-trained", dtype="float32", weights=False)
     root = models.materialize_builtin("tiny-trained")
     h = hashlib.sha256(b"kvbench-fingerprint-v2:torch.float32")
-    h.update(json.dumps(models._canonical_config(AutoConfig.from_pretrained(root).to_dict()), sort_keys=True,
+    h.update(json.dumps(canonical_config(AutoConfig.from_pretrained(root).to_dict()), sort_keys=True,
                         default=str).encode())  # fmt: skip
     data = (root / "model.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", data[:8])

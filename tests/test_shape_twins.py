@@ -11,6 +11,7 @@ import torch
 from kvbench.checkpoints import shape
 from kvbench.engines.hf_adapters import HybridAdapter
 from kvbench.errors import ModelError
+from kvbench.models import SUPPORTED_MODEL_TYPES
 
 NEXT, DENSE = "Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3.5-27B"
 # the published numbers, written out again here from the issue's and the sources' statement of them
@@ -23,7 +24,7 @@ WANT = {
 def _meta_twin(hub_id: str, layers: int):
     from transformers import AutoModelForCausalLM
 
-    config, cuts = shape.twin_config(shape.published_config(hub_id), layers, 384, 256, 258)
+    config, cuts = shape.twin_config(shape.published_config(hub_id), layers, 384, 256, 258, SUPPORTED_MODEL_TYPES)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return model, cuts

@@ -51,11 +51,27 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: Config keys that say where or with what a model was loaded, not what it is: the same weights loaded from
+#: another directory (a fresh clone) or under another transformers patch release keep their fingerprint.
+NOT_THE_MODEL = ("_name_or_path", "transformers_version")
+#: RoPE settings that some transformers releases also copy to the top level of the config (5.19 does for
+#: partial_rotary_factor, 5.24 does not); a top-level copy equal to ``rope_parameters``' value is dropped.
+ROPE_ALIASES = ("partial_rotary_factor", "rope_theta")
+
+
+def canonical_config(config: dict) -> dict:
+    """``config`` without where-from keys and without top-level copies of ``rope_parameters`` entries."""
+    config = {k: v for k, v in config.items() if k not in NOT_THE_MODEL}
+    rope = config.get("rope_parameters") or {}
+    for alias in ROPE_ALIASES:
+        if alias in config and isinstance(rope, dict) and rope.get(alias) == config[alias]:
+            del config[alias]
+    return config
+
+
 def hash_config(h, config: dict) -> None:
     """The config part of every kvbench fingerprint (both definitions)."""
-    from kvbench.models import _canonical_config
-
-    h.update(json.dumps(_canonical_config(config), sort_keys=True, default=str).encode())
+    h.update(json.dumps(canonical_config(config), sort_keys=True, default=str).encode())
 
 
 def hash_tokenizer(h, tokenizer) -> None:

@@ -84,18 +84,19 @@ def published_config(hub_id: str) -> dict:
     return config.get_text_config().to_dict()
 
 
-def twin_config(published: dict, layers: int, vocab_size: int, pad_id: int, eos_id: int):
-    """The twin's transformers config and what was cut: ``(config, cuts)``."""
+def twin_config(
+    published: dict, layers: int, vocab_size: int, pad_id: int, eos_id: int, supported: tuple[str, ...]
+):
+    """The twin's transformers config and what was cut: ``(config, cuts)``; ``supported``: the model types
+    kvbench loads (:data:`kvbench.models.SUPPORTED_MODEL_TYPES`)."""
     from transformers import AutoConfig
-
-    from kvbench.engines.hf_adapters import SUPPORTED_MODEL_TYPES
 
     kw = {k: v for k, v in published.items() if k not in ("architectures", "transformers_version", "_name_or_path")}
     model_type = kw.pop("model_type", None)
     if model_type == "qwen3_5":
         model_type = "qwen3_5_text"
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelError(f"a shape twin needs a hybrid of {', '.join(SUPPORTED_MODEL_TYPES)}; got {model_type!r}")
+    if model_type not in supported:
+        raise ModelError(f"a shape twin needs a hybrid of {', '.join(supported)}; got {model_type!r}")
     cuts = {"vocab_size": [kw.get("vocab_size"), vocab_size]}
     cuts["num_hidden_layers"] = [kw.get("num_hidden_layers"), layers]
     kw.update(
@@ -118,29 +119,3 @@ def twin_config(published: dict, layers: int, vocab_size: int, pad_id: int, eos_
             cuts["num_experts"] = [experts, keep]
             kw["num_experts"] = keep
     return AutoConfig.for_model(model_type, **kw), cuts
-
-
-def materialize(name: str) -> Path:
-    """The twin's checkpoint directory under the kvbench cache, built once (random weights, seed 0)."""
-    from kvbench.atomic import write_dir
-    from kvbench.cache import cache_dir
-    from kvbench.models import build_random, byte_tokenizer
-
-    hub_id, layers = parse(name)
-    published = published_config(hub_id)
-    tokenizer = byte_tokenizer()
-    vocab = 384  # the byte tokenizer's 259 ids, padded like the tiny-random models
-    config, cuts = twin_config(published, layers, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id)
-    path = cache_dir() / "models" / f"shape-{hub_id.replace('/', '--')}-{layers}L-{TWIN_VERSION}"
-    if (path / "kvbench_builtin.json").is_file():
-        return path
-    model = build_random(config, seed=0)
-    marker = {"name": name, "random_weights": True, "shape_of": hub_id, "layers": layers, "cuts": cuts}
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker, indent=1))
-
-    write_dir(path, write, overwrite=False)  # another process may have built it meanwhile: the first one wins
-    return path
