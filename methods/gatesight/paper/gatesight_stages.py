@@ -24,8 +24,8 @@ CORPUS_SEED = {"short": 1, "2k": 2}
 
 
 def labels_stage(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, console: Console) -> None:
-    from kvbench.tasks.calibration_corpus import write_calibration_corpus
     from kvbench.models import load_model
+    from kvbench.tasks.calibration_corpus import write_calibration_corpus
 
     from ..labels import label_corpus
     from ..utility import LabelConfig
