@@ -416,10 +416,10 @@ def cached_fingerprint(path: str, name: str, dtype: torch.dtype, tokenizer, conf
 
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
     """SHA-256 over the config (less :data:`kvbench.checkpoints.files.NOT_THE_MODEL`), every parameter's
-    name/shape/dtype and a strided sample of its values (up to 1,024 per tensor), and the tokenizer's
-    vocabulary and chat template. Cheap at any scale, and different for any two models that differ in
-    architecture, tokenizer or (almost surely) weights; the same for one model wherever it is loaded from,
-    and under transformers 5.19 (the vLLM environment) and 5.24. For a model in memory only (built in code, never saved); a checkpoint that
+    name/shape/dtype and a strided sample of its values (up to 1,024 per tensor), and the tokenizer's vocabulary and
+    chat template. Cheap at any scale, and different for any two models that differ in architecture, tokenizer or
+    (almost surely) weights; the same for one model wherever it is loaded from, and under transformers 5.19 (the
+    vLLM environment) and 5.24. For a model in memory only (built in code, never saved); a checkpoint that
     :func:`load_model` loads is named by :func:`cached_fingerprint`, from its files."""
     from kvbench.checkpoints.files import hash_config, hash_tokenizer
 
