@@ -52,7 +52,9 @@ LENGTH = 4096
 PINNED_VLLM = "0.32.0"
 RUN_TIMEOUT_S = 300  # each `kvbench run` of the check (about 60 s on a GPU machine's 16 cores, so 5x margin)
 ROOT = Path(__file__).resolve().parent.parent
-WHEELS = ROOT / "scripts" / "gpu_check_wheels"
+WHEELS = ROOT / "scripts" / "gpu_check_wheels"  # fetched (git-ignored), carried to the GPU machine
+#: the pure-Python fast-kernel wheels the fast_kernels part installs on CUDA (Triton comes with the CUDA torch)
+FLA_WHEELS = ("fla-core==0.6.0", "flash-linear-attention==0.6.0", "einops==0.8.2")
 TWINS = ("shape:Qwen/Qwen3-Next-80B-A3B-Instruct", "shape:Qwen/Qwen3.5-27B")
 RAISE_ENV = "KVBENCH_GPU_CHECK_RAISE"  # a part name: that part raises at its start (tests/test_gpu_check.py)
 
@@ -398,7 +400,8 @@ def check_fast_kernels(device: str, out: Path) -> dict:
     if device.startswith("cuda"):
         wheels = sorted(WHEELS.glob("*.whl"))
         if not wheels:
-            return {"ok": False, "error": f"no flash-linear-attention wheels in {WHEELS}"}
+            return {"ok": False, "error": f"no flash-linear-attention wheels in {WHEELS}; fetch them where the "
+                    f"network is reachable: pip download --no-deps -d {WHEELS} {' '.join(FLA_WHEELS)}"}
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target",
                         str(site), *map(str, wheels)], check=True, timeout=120)  # fmt: skip
         kind = "flash-linear-attention " + ", ".join(w.name for w in wheels)
