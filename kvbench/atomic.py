@@ -113,6 +113,12 @@ def move_into_place(tmp: Path | str, path: Path | str) -> None:
     os.replace(tmp, path)
 
 
+def put_back(aside: Path | str, path: Path | str) -> None:
+    """Put back the directory ``aside`` that :func:`write_dir` moved out of ``path``'s way (its ``.old``
+    folder) when a kill stopped the replacement before the new directory was in place."""
+    os.replace(aside, path)
+
+
 def check_writable(path: Path | str, option: str) -> None:
     """Refuse, before any work, a ``path`` (a file or folder an option names, created later with its parents)
     that cannot be written: its nearest existing ancestor is not a folder this user may write into. The

@@ -140,12 +140,11 @@ def write_training_corpus(
     """Write :func:`training_documents` as ``out_dir/<family>/<i>-<task>.txt`` and a manifest (:data:`MANIFEST`: one
     entry per document: family, task, stage, tokens; and the totals; a dotfile, so no corpus reader takes it for a
     document). Deterministic. Returns the manifest."""
-    out_dir = Path(out_dir)
-    entries = []
-    for fam, doc_id, text, task, stage, n in training_documents(model, tokenizer, n_docs, length):
-        (out_dir / fam).mkdir(parents=True, exist_ok=True)
-        (out_dir / fam / f"{doc_id}.txt").write_text(text)
-        entries.append({"family": fam, "doc": doc_id, "task": task, "stage": stage, "tokens": n})
+    from kvbench.atomic import write_dir
+
+    docs = list(training_documents(model, tokenizer, n_docs, length))
+    entries = [{"family": fam, "doc": doc_id, "task": task, "stage": stage, "tokens": n}
+               for fam, doc_id, _text, task, stage, n in docs]  # fmt: skip
     manifest = {
         "model": model,
         "row_length": length,
@@ -154,7 +153,14 @@ def write_training_corpus(
         "per_family": {f: sum(e["family"] == f for e in entries) for f in FAMILIES},
         "entries": entries,
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+    def write(tmp: Path) -> None:
+        for fam, doc_id, text, *_ in docs:
+            (tmp / fam).mkdir(parents=True, exist_ok=True)
+            (tmp / fam / f"{doc_id}.txt").write_text(text)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+    write_dir(Path(out_dir), write)  # the whole corpus appears at once, replacing an earlier one
     return manifest
 
 

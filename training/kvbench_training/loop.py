@@ -255,12 +255,14 @@ def remove_stale_writes(out_dir: Path) -> None:
     ``.checkpoint-<step>.*.old`` while being replaced (removed when the new one made it into place)."""
     import shutil
 
+    from kvbench.atomic import put_back
+
     for stale in sorted(out_dir.glob(".checkpoint-*.old")):
         target = out_dir / stale.name[1:].split(".", 1)[0]
         if target.exists():
             shutil.rmtree(stale, ignore_errors=True)
         else:
-            stale.replace(target)
+            put_back(stale, target)
     for stale in out_dir.glob(".checkpoint-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
 
