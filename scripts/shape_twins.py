@@ -44,7 +44,7 @@ def _timed(device: str, fn):
 def check(model: str, length: int, device: str, dtype: str | None) -> dict:
     import torch
 
-    from kvbench import budgets
+    from kvbench import selection
     from kvbench.methods import get_method
     from kvbench.models import load_model
     from kvbench.prompt import prompt_length, render
@@ -74,7 +74,7 @@ def check(model: str, length: int, device: str, dtype: str | None) -> dict:
         parent, sec["prefill"] = _timed(device, lambda: engine.prefill(r.context_ids, r.prot, query_window=window))
         ask = dict(max_new_tokens=new, context_sha256=parent.sha256, return_logits=True)
         want, sec["answer_parent"] = _timed(device, lambda: parent.answer(question, **ask))
-        keep = budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
+        keep = selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads)
         child, sec["fork_keep_all"] = _timed(device, lambda: parent.fork(keep))
         got = child.answer(question, **ask)
         rec["keep_all_identical"] = got.token_ids == want.token_ids

@@ -346,7 +346,7 @@ def test_misuse_is_an_error(engine, parent):
     with pytest.raises(ProtocolError, match="hash mismatch"):
         child.answer(Q_IDS, max_new_tokens=2, context_sha256="0" * 64)
     other = engine.prefill(_ids(50), prot=0)  # several live parents (the runner's answer pool holds them)
-    stranger = other.fork(budgets.keep_all(other.n, other.n_attn_layers, other.n_kv_heads))
+    stranger = other.fork(selection.keep_all(other.n, other.n_attn_layers, other.n_kv_heads))
     with pytest.raises(ProtocolError, match="not a child of parent"):
         parent.answer_children([child, stranger], Q_IDS, max_new_tokens=2, context_sha256=parent.sha256)
     other.release()
@@ -379,7 +379,7 @@ def _storage_kinds(parent) -> list:
     """Kept sets of every storage kind: keep-all, different counts per layer (one not a whole number of blocks),
     different counts per KV head (head pages), and a child keeping a handful of entries."""
     return [
-        budgets.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads),
+        selection.keep_all(parent.n, parent.n_attn_layers, parent.n_kv_heads),
         _kept(parent, [250, 131, 60], ragged=False),
         _kept(parent, [296, 150, 140], ragged=True),
         _kept(parent, [5, 128, 7], ragged=False, seed=4),
@@ -430,7 +430,7 @@ def test_groups_of_two_contexts_decode_together(engine, parent, monkeypatch):
     second = engine.prefill(_ids(170, seed=7), prot=4, query_window=16)
     try:
         a = [parent.fork(k) for k in _storage_kinds(parent)[1:3]]
-        b = [second.fork(k) for k in (budgets.keep_all(second.n, second.n_attn_layers, second.n_kv_heads),
+        b = [second.fork(k) for k in (selection.keep_all(second.n, second.n_attn_layers, second.n_kv_heads),
                                       _kept(second, [100, 41, 160], ragged=True))]  # fmt: skip
         other_q = [9, 8, 7, 6]
         groups = [AnswerGroup(parent, a, Q_IDS, 6, parent.sha256),
