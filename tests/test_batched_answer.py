@@ -454,7 +454,7 @@ def test_shipped_models_batched_equals_one_at_a_time(model):
     from kvbench.tasks import get_bench
 
     lm = load_model(model)
-    engine = TorchEngine(lm.model, lm.tokenizer)
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     bench = get_bench("ruler")
     bench.cache_dir = cache_dir() / bench.name
     items = bench.contexts(

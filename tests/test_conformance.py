@@ -328,7 +328,8 @@ def test_masking_engine_forks_are_not_real_and_reports_exclude_them(tmp_path, mo
     from kvbench.run import loop as runner
 
     lm = load_model("tiny-random")
-    masking, real = MaskingTorchEngine(lm.model, lm.tokenizer), TorchEngine(lm.model, lm.tokenizer)
+    named = {"fingerprint": lm.fingerprint}  # the loaded checkpoint's own name (its files), as the runner gives it
+    masking, real = MaskingTorchEngine(lm.model, lm.tokenizer, **named), TorchEngine(lm.model, lm.tokenizer, **named)
     ids = _ids(N_CTX, seed=10)
     scores = [torch.rand(2, N_CTX, generator=torch.Generator().manual_seed(3)) for _ in range(3)]
     kept = selection.select_per_head(scores, [100] * 3, 4)
@@ -339,7 +340,7 @@ def test_masking_engine_forks_are_not_real_and_reports_exclude_them(tmp_path, mo
 
     out = tmp_path / "run"
     config = RunConfig(methods=["random"], bench="needle", ps=[0.5], out=out, model="tiny-random", limit=1, length=900)
-    monkeypatch.setattr(runner, "make_engine", lambda *a, **k: MaskingTorchEngine(lm.model, lm.tokenizer))
+    monkeypatch.setattr(runner, "make_engine", lambda *a, **k: MaskingTorchEngine(lm.model, lm.tokenizer, **named))
     runner.run(config, lm=lm)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert rows and all(r["real_fork"] is False for r in rows)

@@ -180,7 +180,8 @@ def test_scores_on_the_shipped_model_equal_the_saved_ones():
         "the shipped tiny-trained changed after the fixture was saved: re-save it with "
         ".venv/bin/python scripts/kvzip_fixture.py"
     )
-    parent = TorchEngine(lm.model, lm.tokenizer).prefill(saved["token_ids"], prot=saved["prot"])
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
+    parent = engine.prefill(saved["token_ids"], prot=saved["prot"])
     method = get_method("kvzip")
     scores = method.score(parent)
     # atol 2e-6: a float32 softmax over 2,600 keys summed in another thread split (the suite leaves torch's thread
