@@ -441,6 +441,7 @@ def cost(
     device: str = options.DEVICE,
     dtype: Optional[str] = options.DTYPE,
     threads: Optional[int] = options.THREADS,
+    *,
     shape_layers: Optional[int] = typer.Option(None, "--shape-layers", help="Layers of a shape: twin (4 or 8)."),
 ) -> None:
     """Scoring cost: prefill seconds, scoring seconds and their ratio per method and context length."""

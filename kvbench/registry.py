@@ -261,7 +261,8 @@ class Registry(Generic[T]):
     def _collision(self, name: str, first: str, second: str, *plugins: EntryPoint) -> RegistryError:
         """Two sources of ``name``; ``plugins``: the entry points among them, whose uninstall commands the
         message names."""
-        fix = " or ".join(f"`{uninstall_command(ep)}`" for ep in plugins)
+        own = __name__.split(".")[0]  # kvbench's own entry points (its built-ins) are not what to uninstall
+        fix = " or ".join(f"`{uninstall_command(ep)}`" for ep in plugins if ep.dist is None or ep.dist.name != own)
         return RegistryError(
             f"{self.kind} {name!r} is already registered by {first}; {second} registers it too. Rename or "
             "uninstall one of them" + (f": {fix} fixes it" if fix else "")

@@ -295,7 +295,9 @@ def test_register_method_refuses_unknown_allocations_or_a_default_outside_them(a
             return []
 
     BadAllocations.allocations, BadAllocations.default_allocation = allocations, default
-    known = ", ".join(allocations.ALLOCATIONS)
+    from kvbench.allocations import ALLOCATIONS  # the parameter ``allocations`` shadows the module
+
+    known = ", ".join(ALLOCATIONS)
     assert known.startswith("flat, pyramid, gate, global")
     message = f"BadAllocations: bad allocations {allocations!r} / default {default!r} (known allocations: {known})"
     with pytest.raises(RegistryError, match=f"^{re.escape(message)}$"):
