@@ -100,7 +100,7 @@ def test_label_train_eval_run_mechanics(tmp_path, cache, model_name):
     assert r.exit_code == 0 and "GateSight (artifact)" in r.output
 
     # the method in the protocol: prefill, score once, gate allocation from the artifact, fork, answer
-    engine = TorchEngine(lm.model, lm.tokenizer)
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     ids = lm.tokenizer("<|im_start|>user\nalpha = 12; beta = 34; gamma = 56; delta = 78;")["input_ids"]
     parent = engine.prefill(ids, prot=6)
     try:
