@@ -18,7 +18,6 @@ from kvbench.scorers.scbench_repoqa import parse_repoqa_references
 from kvbench.tasks import Context, get_bench, list_benches
 from kvbench.tasks import scbench as sb
 from kvbench.tasks.scbench_generate import GENERATED_TASKS, hub_schema
-from tests.conftest import missing_data
 
 FIXTURES = Path(__file__).parent / "fixtures"  # holds scbench/scbench_<task>/test-00000-of-00001.parquet
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"  # real data for integration, if present
@@ -443,8 +442,8 @@ def test_bad_json_line(tmp_path):
 @pytest.mark.parametrize("task", sb.TASKS)
 def test_real_data_first_row_if_present(task, tmp_path):
     root = SHARED / "scbench"
-    if not sb.find_task_files(root, task):
-        missing_data(f"no real SCBench data for {task} under {root}")
+    if not sb.find_task_files(root, task):  # optional: ../shared/data (CI's required data) holds no SCBench files
+        pytest.skip(f"no real SCBench data for {task} under {root} (optional: `kvbench data fetch --bench scbench`)")
     (ctx,) = load(task, data_dir=SHARED, limit=1)
     assert ctx.body and ctx.questions
     for q in ctx.questions:

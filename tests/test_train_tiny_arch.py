@@ -88,6 +88,7 @@ def test_dense_twin_trains_resumes_exactly_and_runs_in_the_engine(tmp_path, one_
 
 def test_checkpoints_from_before_arch_resume_as_qwen3_next(tmp_path, one_thread):
     """A checkpoint written before --arch existed (its arguments have no ``arch``) resumes as qwen3_next."""
+    from kvbench_training.loop import CHECKPOINT_FILES
     from tests.test_train_tiny import train_small as train_moe
 
     stop = train_moe(tmp_path / "a", stop_after=2, steps=3)
@@ -95,6 +96,7 @@ def test_checkpoints_from_before_arch_resume_as_qwen3_next(tmp_path, one_thread)
     state = torch.load(state_path, weights_only=False)
     del state["args"]["arch"]
     torch.save(state, state_path)
+    (stop / CHECKPOINT_FILES).unlink()  # nor had such a checkpoint the file listing (issue 67) that it now fails
     final = train_moe(tmp_path / "a", steps=3)
     assert json.loads((final / "training_args.json").read_text())["arch"] == "qwen3_next"
     assert json.loads((final / "kvbench_builtin.json").read_text())["name"] == "tiny-trained"
