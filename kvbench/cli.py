@@ -467,7 +467,7 @@ def cost(
     if threads:
         torch.set_num_threads(threads)
     lm = load_model(shape_with_layers(model, shape_layers), device=device, dtype=dtype)
-    engine = TorchEngine(lm.model, lm.tokenizer)
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     too_long = [n for n in ns if n > engine.max_context]
     if too_long:
         raise KvbenchError(f"--lengths {too_long} exceed the model limit of {engine.max_context} tokens")

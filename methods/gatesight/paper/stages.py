@@ -67,7 +67,7 @@ def _cost_grid(grid: Grid, model: str, out: Path, opts: dict, bar: Progress, con
     from kvbench.models import load_model
 
     lm = load_model(model, device=opts.get("device", "cpu"), dtype=opts.get("dtype"))
-    engine = TorchEngine(lm.model, lm.tokenizer)
+    engine = TorchEngine(lm.model, lm.tokenizer, fingerprint=lm.fingerprint)
     lengths = [n for n in grid.lengths if n <= engine.max_context]
     task = bar.add_task(f"cost on {model}", total=len(lengths))
     rows = []
