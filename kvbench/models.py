@@ -212,14 +212,21 @@ def materialize_builtin(name: str) -> Path:
             )
         return spec.shipped
     path = cache_dir() / "models" / f"{name}-{BUILTIN_VERSION}"
-    if (path / "kvbench_builtin.json").exists():
+    marker = {"name": name, "random_weights": spec.random_weights}
+    return _build_once(path, spec.config, spec.seed, byte_tokenizer(), marker)
+
+
+def _build_once(path: Path, config: Callable[[], object], seed: int, tokenizer, marker: dict) -> Path:
+    """``path``, a random-weight checkpoint (:func:`build_random` of ``config()`` with ``seed``, ``tokenizer``
+    and the ``kvbench_builtin.json`` ``marker``) built into the cache once; an existing one is returned as is."""
+    if (path / "kvbench_builtin.json").is_file():
         return path
-    model = build_random(spec.config(), spec.seed)
+    model = build_random(config(), seed)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        byte_tokenizer().save_pretrained(tmp)
-        (tmp / "kvbench_builtin.json").write_text(json.dumps({"name": name, "random_weights": spec.random_weights}))
+        tokenizer.save_pretrained(tmp)
+        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker, indent=1))
 
     write_dir(path, write, overwrite=False)  # another process may have built it meanwhile: the first one wins
     return path
@@ -311,18 +318,8 @@ def _materialize_shape(name: str) -> Path:
         published, layers, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id, SUPPORTED_MODEL_TYPES
     )
     path = cache_dir() / "models" / f"shape-{hub_id.replace('/', '--')}-{layers}L-{shape.TWIN_VERSION}"
-    if (path / "kvbench_builtin.json").is_file():
-        return path
-    model = build_random(config, seed=0)
     marker = {"name": name, "random_weights": True, "shape_of": hub_id, "layers": layers, "cuts": cuts}
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "kvbench_builtin.json").write_text(json.dumps(marker, indent=1))
-
-    write_dir(path, write, overwrite=False)  # another process may have built it meanwhile: the first one wins
-    return path
+    return _build_once(path, lambda: config, 0, tokenizer, marker)
 
 
 def load_model(
