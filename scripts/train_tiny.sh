@@ -19,7 +19,8 @@
 # twin only): 100 more steps at 4,096 tokens. Stages 10n-10p (both ARCHs, issue 44): SCBench mf from short lists,
 # then every task at 4,096 tokens with RULER's weighted back up; 10q-10r (tiny-trained only): RULER's multi-key
 # and fwe rows weighted up further. Export and calibration after the last (10r for tiny-trained, 10p for the twin).
-# CANDIDATES=1 (issue 63): after the exported stage, the stages not shipped yet: 11a (SCBench prefix_suffix and vt
+# CANDIDATES=1 (issue 63): after the exported stage, the stages not shipped yet: 11p (copying: prefix_suffix
+# without distractors and short vt chains at 384-512 tokens), 11a (SCBench prefix_suffix and vt
 # from short rows, training-only row kinds scbench_ps_short / scbench_ps_hard / scbench_vt_short), 11b (every
 # SCBench task at 1,536 then 4,096 tokens), 11c (4,096 tokens, RULER's multi-key rows weighted up for
 # tiny-trained); then it stops (no calibration: the shipped weights are unchanged). UNTIL=STAGE stops after STAGE.
@@ -42,7 +43,7 @@ STAGES+=(stage10s stage10t stage10u)
 [ "$ARCH" = qwen3_5 ] && STAGES+=(stage10v)
 STAGES+=(stage10n stage10o stage10p)
 [ "$ARCH" = qwen3_next ] && STAGES+=(stage10q stage10r)
-[ "${CANDIDATES:-0}" = 1 ] && STAGES+=(stage11a stage11b stage11c)
+[ "${CANDIDATES:-0}" = 1 ] && STAGES+=(stage11p stage11a stage11b stage11c)
 finished() { [ -f "$OUT/$1/final/training_args.json" ]; }
 # finished_after NAME: prints the first stage after NAME (in STAGES order) whose final/ is complete; false if none
 finished_after() {
@@ -60,6 +61,8 @@ stage() {
   shift
   if done=$(finished_after "$name"); then
     echo "$name: skipped ($done has finished)" >&2
+  elif finished "$name"; then  # its --init (an earlier stage's final/) may be gone on this machine
+    echo "$name: finished already ($OUT/$name/final)" >&2
   else
     train --out "$OUT/$name" "$@"
   fi
@@ -240,7 +243,13 @@ if [ "${CANDIDATES:-0}" = 1 ]; then
   # back up, tiny-trained's multi-key rows most (its niah_multikey_2 / 3 fell 54 / 40 -> 38 / 32 over 10n-10r).
   AFTER10="$OUT/stage10r/final"
   [ "$ARCH" = qwen3_5 ] && AFTER10="$OUT/stage10p/final"
-  stage stage11a --init "$AFTER10" --seed 50 --steps 600 --lr 1e-3 \
+  # 11p (session of 2026-12-07, second): the first 11a run showed no learning of prefix_suffix or vt by step 350
+  # (both at noise), so copying comes first, as kv's quoted-pair rows came before kv at full length: short rows
+  # (384-512 tokens; vt_short needs 384) that are mostly prefix_suffix with 0-2 distractors and short vt chains, 1,000 steps.
+  stage stage11p --init "$AFTER10" --seed 53 --steps 1000 --lr 1e-3 \
+    --curriculum 384@0,512@0.6 --save-every 25 --eval-limit 0 \
+    --mix scbench_ps_short=0.45,scbench_vt_short=0.2,scbench_kv8_short_say=0.08,scbench_mf=0.08,lookup=0.07,chains=0.06,niah_single_1=0.03,vt=0.03
+  stage stage11a --init "$OUT/stage11p/final" --seed 50 --steps 600 --lr 1e-3 \
     --curriculum 384@0,512@0.5,768@0.8 --save-every 25 --eval-limit 0 \
     --mix scbench_ps_short=0.22,scbench_ps_hard=0.13,scbench_vt_short=0.25,scbench_mf=0.1,scbench_kv8_say=0.06,scbench_kv8_short_say=0.04,lookup=0.05,chains=0.05,niah_multikey_2=0.04,niah_single_1=0.02,vt=0.04
   stage stage11b --init "$OUT/stage11a/final" --seed 51 --steps 160 --batch-size 4 --lr 7e-4 \
