@@ -24,7 +24,7 @@
 # from short rows, training-only row kinds scbench_ps_short / scbench_ps_hard / scbench_vt_short), 11b (every
 # SCBench task at 1,536 then 4,096 tokens), 11c (4,096 tokens, RULER's multi-key rows weighted up for
 # tiny-trained); then it stops (no calibration: the shipped weights are unchanged). UNTIL=STAGE stops after STAGE.
-# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] [CANDIDATES=1] [UNTIL=STAGE] bash scripts/train_tiny.sh [OUT]
+# Usage: [ARCH=qwen3_next|qwen3_5] [FROM_SCRATCH=1] [THREADS=1] [AUTOCAST=1] [CANDIDATES=1] [UNTIL=STAGE] bash scripts/train_tiny.sh [OUT]
 #        (default OUT: models/<model name>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,12 @@ case "$ARCH" in
 esac
 OUT=${1:-models/$NAME}
 kvbench() { .venv/bin/kvbench "$@"; }
-train() { kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "$@"; }  # THREADS=1 on a busy machine
+# THREADS=1 on a busy machine; AUTOCAST=1: bf16 autocast, faster only on a CPU with AVX-512-BF16 / AMX (docs/models.md)
+train() {
+  local fast=()
+  [ "${AUTOCAST:-0}" = 1 ] && fast=(--autocast)
+  kvbench train-tiny --arch "$ARCH" ${THREADS:+--threads "$THREADS"} "${fast[@]}" "$@"
+}
 STAGES=(stage1 stage2 stage3 stage4 stage5 stage6 stage8 stage9)
 [ "$ARCH" = qwen3_5 ] && STAGES=(stage1 stage2 stage3 stage3b stage4 stage5 stage6 stage7 stage8 stage9)
 STAGES+=(stage10s stage10t stage10u)
@@ -61,8 +66,6 @@ stage() {
   shift
   if done=$(finished_after "$name"); then
     echo "$name: skipped ($done has finished)" >&2
-  elif finished "$name"; then  # its --init (an earlier stage's final/) may be gone on this machine
-    echo "$name: finished already ($OUT/$name/final)" >&2
   else
     train --out "$OUT/$name" "$@"
   fi

@@ -200,9 +200,9 @@ def test_a_finished_later_stage_skips_the_gates_before_it(tmp_path):
 )
 def test_candidate_stages_follow_the_exported_one_and_stop_without_calibration(tmp_path, arch, name, exported):
     """CANDIDATES=1 (issue 63): with only the exported stage's final/ on the machine (what the repository carries),
-    11a starts from it, 11b from 11a, 11c from 11b; no stage exports (the exported one is handed to train-tiny
-    without --export, so it is returned as it is) and the shipped model is not calibrated again. UNTIL=stage11a
-    stops after 11a."""
+    11p starts from it, 11a from 11p, 11b from 11a, 11c from 11b; no stage exports (the exported one is handed to
+    train-tiny without --export, so it is returned as it is) and the shipped model is not calibrated again.
+    UNTIL=stage11a stops after 11a."""
     repo = _layout(tmp_path)
     _ship(repo, name, 4096)
     final = repo / "models" / name / exported / "final"
@@ -213,19 +213,23 @@ def test_candidate_stages_follow_the_exported_one_and_stop_without_calibration(t
     done = subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     lines = calls.read_text().splitlines()
-    assert _stages(lines) == [exported, "stage11a", "stage11b", "stage11c"] and not any("calibrate" in c for c in lines)
+    later = ["stage11p", "stage11a", "stage11b", "stage11c"]
+    assert _stages(lines) == [exported, *later] and not any("calibrate" in c for c in lines)
     train = [c for c in lines if c.startswith("train-tiny")]
-    assert f"--init models/{name}/{exported}/final " in train[1] and "--mix scbench_ps_short=" in train[1]
-    assert f"--init models/{name}/stage11a/final " in train[2] and "--curriculum 1536@0,4096@0.65 " in train[2]
-    assert f"--init models/{name}/stage11b/final " in train[3] and "--curriculum 4096@0 " in train[3]
+    assert f"--init models/{name}/{exported}/final " in train[1] and "--curriculum 384@0,512@0.6 " in train[1]
+    assert "--mix scbench_ps_short=0.45," in train[1]
+    assert f"--init models/{name}/stage11p/final " in train[2] and "--mix scbench_ps_short=" in train[2]
+    assert f"--init models/{name}/stage11a/final " in train[3] and "--curriculum 1536@0,4096@0.65 " in train[3]
+    assert f"--init models/{name}/stage11b/final " in train[4] and "--curriculum 4096@0 " in train[4]
     assert not any("--export" in c for c in train)  # the shipped export is not redone either
     assert "--eval-limit 0" in train[0]
     multikey = "niah_multikey_2=0.18,niah_multikey_3=0.14" if arch == "qwen3_next" else "niah_multikey_2=0.12,"
-    assert multikey in train[3]
+    assert multikey in train[4]
+    shutil.rmtree(repo / "models" / name / "stage11p")
     shutil.rmtree(repo / "models" / name / "stage11a")
     shutil.rmtree(repo / "models" / name / "stage11b")
     shutil.rmtree(repo / "models" / name / "stage11c")
     calls.unlink()
     env["UNTIL"] = "stage11a"
     subprocess.run(["bash", "scripts/train_tiny.sh"], cwd=repo, env=env, check=True, capture_output=True)
-    assert _stages(calls.read_text().splitlines()) == [exported, "stage11a"]
+    assert _stages(calls.read_text().splitlines()) == [exported, "stage11p", "stage11a"]

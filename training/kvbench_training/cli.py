@@ -105,6 +105,12 @@ def train_tiny(
     reference_gdn: bool = typer.Option(
         False, "--reference-gdn", help="transformers' GDN chunk kernel, not the faster one (same values to rounding)."
     ),
+    autocast: bool = typer.Option(
+        False,
+        "--autocast",
+        help="bf16 autocast of the forward, the loss in float32: faster only on a CPU with fast "
+        "bf16 matmuls (AVX-512-BF16 / AMX); measure first: benchmarks/train_step.py --settings fast,autocast.",
+    ),
     eval_limit: int = typer.Option(
         20, "--eval-limit", help="Items per task for the final full-cache RULER eval (0: skip)."
     ),
@@ -151,13 +157,17 @@ def train_tiny(
             raise KvbenchError("--tokenizer applies to a first stage; a stage with --init keeps its model's tokenizer")
         if not (tokenizer_dir / "tokenizer.json").is_file():
             raise KvbenchError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there; give a tokenizer directory")
-    if init is not None and not (init / "config.json").is_file():
+    # a stage whose final/ is complete needs no --init (on a fresh machine the stage before it may be gone):
+    # train() returns that final/ when its stored arguments match, and refuses it naming the difference otherwise
+    finished = (out / "final" / "training_args.json").is_file()
+    if init is not None and not finished and not (init / "config.json").is_file():
         raise KvbenchError(f"--init {init}: no trained model there (expected config.json; a run's final/ dir)")
     stages = T.parse_curriculum(curriculum) if curriculum else T.DEFAULT_CURRICULUM
-    _check_curriculum(stages, _max_positions(init))
+    _check_curriculum(stages, _max_positions(out / "final" if finished else init))
     args = T.TrainArgs(
         steps=steps, batch_size=batch_size, lr=lr, seed=seed, curriculum=stages, warmup=warmup,
         save_every=save_every, mix=_parse_mix(mix) if mix else T.TASK_MIX, init=init, arch=arch,
+        autocast=autocast,
     )  # fmt: skip
     from kvbench.atomic import check_writable
 

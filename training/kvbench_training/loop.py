@@ -269,10 +269,12 @@ def remove_stale_writes(out_dir: Path) -> None:
 
 def _comparable_args(args: dict) -> dict:
     """A run's stored arguments (``trainer_state.pt`` or ``training_args.json``) in the form two runs compare
-    by: ``save_every`` and the carried ``previous`` stage left out, ``arch`` defaulted to ``qwen3_next`` (runs
+    by: ``save_every``, the carried ``previous`` stage and ``autocast`` left out (like the thread count, bf16
+    autocast changes rounding, not the run: each log entry of a step taken under it says ``"bf16": true``),
+    ``arch`` defaulted to ``qwen3_next`` (runs
     before it existed), and a JSON round trip so a ``training_args.json`` compares equal to live arguments."""
     args = {"arch": "qwen3_next", **json.loads(json.dumps(args))}
-    return {k: v for k, v in args.items() if k not in ("save_every", "previous")}
+    return {k: v for k, v in args.items() if k not in ("save_every", "previous", "autocast")}
 
 
 def _finished_run(out_dir: Path, args: TrainArgs) -> Path | None:
@@ -466,8 +468,9 @@ def _train_step(run: _Run, args: TrainArgs, step: int) -> _Step:
     return _Step(loss.item(), lr_now, length, float(gnorm), task_losses(tasks, row_ce), tokens)
 
 
-def _log_entry(step: int, result: _Step, tok_s: float) -> dict:
-    """The ``training_log.json`` entry of ``step`` (0-based; logged 1-based), keys in the file's order."""
+def _log_entry(step: int, result: _Step, tok_s: float, autocast: bool = False) -> dict:
+    """The ``training_log.json`` entry of ``step`` (0-based; logged 1-based), keys in the file's order;
+    ``"bf16": true`` last when the step ran under bf16 autocast."""
     return {
         "step": step + 1,
         "loss": round(result.loss, 5),
@@ -476,7 +479,7 @@ def _log_entry(step: int, result: _Step, tok_s: float) -> dict:
         "gnorm": round(result.gnorm, 4),
         "tok_s": round(tok_s),
         "tasks": result.tasks,
-    }
+    } | ({"bf16": True} if autocast else {})
 
 
 def _progress_bar(enabled: bool):
@@ -509,7 +512,7 @@ def _run_steps(out_dir: Path, run: _Run, args: TrainArgs, end: int, progress: bo
             result = _train_step(run, args, step)
             tokens += result.tokens
             rate = tokens / (time.perf_counter() - t0)
-            run.log.append(_log_entry(step, result, rate))
+            run.log.append(_log_entry(step, result, rate, args.autocast))
             ema = _ema_task_loss(run.log, "niah_single_1")
             info = f"len {result.length} loss {result.loss:.4f} niah_single_1 {ema:.3f} {rate:,.0f} tok/s"
             bar.update(job, advance=1, info=info)
@@ -528,11 +531,13 @@ def train(out_dir: str | Path, args: TrainArgs, options: RunOptions | None = Non
     whose ``final/`` already holds these arguments returns it without training. ``options``: how to run it
     (default: ``RunOptions()``).
 
-    ``args.autocast`` (bf16 on CPU) is off by default: measured on the 2-core machine it made a step about 4x
-    slower (246 vs 999 tok/s at 8x256, one thread; this CPU has no AVX-512 bf16). The Gated DeltaNet layers run
-    :mod:`kvbench_training.fast_gdn`'s chunk kernel (the same values as transformers' fallback to rounding, a
-    faster backward; ``options.reference_gdn`` keeps the fallback). ``options.threads``: intra-op threads (on a
-    shared 2-core machine, 1 thread is much faster than 2 when another process is busy: 2,787 vs 39 tok/s).
+    ``args.autocast`` (bf16 on CPU, ``--autocast``) is off by default: it depends on the CPU. On an AMD EPYC
+    without AVX-512 it made a step about 4x slower (246 vs 999 tok/s at 8x256, one thread); on an Intel Xeon with
+    AVX-512-BF16 and AMX it made a 1 x 4,096 step 1.25x faster than without (docs/models.md, "Step time").
+    The Gated DeltaNet layers run :mod:`kvbench_training.fast_gdn`'s chunk kernel (the same values as
+    transformers' fallback to rounding, a faster backward; ``options.reference_gdn`` keeps the fallback).
+    ``options.threads``: intra-op threads (on a shared 2-core machine, 1 thread is much faster than 2 when
+    another process is busy: 2,787 vs 39 tok/s).
 
     ``args.init``: a trained model directory (a ``final/`` of an earlier run) whose weights and tokenizer
     this run starts from, with a fresh optimizer: a later training stage. Its ``training_args.json`` and
