@@ -103,6 +103,10 @@ CONV_VLLM_VERSION = "0.32.0"
 CONV_MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 _CONV_NAME = "causal_conv1d_torch"
 _WRAPPED_ATTR = "_kvbench_batched_conv"
+#: the most input elements (rows x channels x (K - 1 + T)) of one batched ``F.conv1d``: oneDNN's depthwise conv slows
+#: down once its operands leave the L2 cache (``benchmarks/vllm_conv.py``: 64 rows of 10,240 channels in one call
+#: took 3x the 64 single-row calls), so larger batches run in chunks of rows
+CONV_CHUNK_ELEMENTS = 2**19
 
 
 def equal_length_layout(query_start_loc: list[int], slots: list[int], pad_slot_id: int) -> tuple[int, int, int] | None:
@@ -130,12 +134,13 @@ def batched_causal_conv1d(original: Callable) -> Callable:
     ``weight``: ``[C, K]``; ``conv_states``: ``[slots, C, >= K - 1]`` (any strides: vLLM passes a transposed view);
     returns ``[C, tokens]`` and writes each sequence's last ``K - 1`` inputs into its slot, as ``original`` does.
     When :func:`equal_length_layout` accepts the call, the ``B`` sequences of length ``T`` are gathered as
-    ``[B, C, K - 1 + T]`` (each row its initial state, from its slot or zeros, then its tokens) and convolved by one
-    depthwise ``F.conv1d`` (``groups=C``): every output element is the same products summed in the same order as
-    the per-sequence call's, which ``tests/vllm/test_vllm_conv.py`` checks bit for bit. The activation then runs
-    per sequence on its own ``[C, T]`` block, exactly the tensor shape the original gives it (``F.silu`` on one
-    ``[B, C, T]`` tensor rounds a few elements differently: its vector loop and scalar tail split the elements
-    differently). Any other call (ragged lengths, a skipped or shared slot, a single sequence) goes to ``original``.
+    ``[B, C, K - 1 + T]`` (each row its initial state, from its slot or zeros, then its tokens) and convolved by
+    depthwise ``F.conv1d`` (``groups=C``), in chunks of rows of at most :data:`CONV_CHUNK_ELEMENTS` inputs: every
+    output element is the same products summed in the same order as the per-sequence call's, which
+    ``tests/vllm/test_vllm_conv.py`` checks bit for bit. The activation then runs per sequence on its own ``[C, T]``
+    block, exactly the tensor shape the original gives it (``F.silu`` on one ``[B, C, T]`` tensor rounds a few
+    elements differently: its vector loop and scalar tail split the elements differently). Any other call (ragged
+    lengths, a skipped or shared slot, a single sequence) goes to ``original``.
     """
 
     import torch
@@ -170,20 +175,25 @@ def batched_causal_conv1d(original: Callable) -> Callable:
         x = x.to(conv_states.dtype)
         out = torch.empty_like(x)
         tokens = x[:, first : first + n * length].unflatten(1, (n, length)).transpose(0, 1)  # [B, C, T]
-        index = torch.tensor(slots, dtype=torch.long, device=conv_states.device)
-        initial = conv_states[index, :, :state_len]  # a gathered copy, [B, C, K - 1]
-        if has_initial_state is None:
-            initial.zero_()
-        else:
-            initial[~has_initial_state[:n].to(torch.bool)] = 0
-        conv_input = torch.cat([initial, tokens], dim=-1).to(weight.dtype)  # [B, C, K - 1 + T]
-        result = F.conv1d(conv_input, weight.unsqueeze(1), bias, padding=0, groups=channels)
-        result = result[..., -length:].to(dtype=x.dtype)  # [B, C, T]
-        if activation is not None:
-            for row in result:  # per sequence: the original's tensor shape (docstring)
-                F.silu(row, inplace=True)
-        out[:, first : first + n * length].unflatten(1, (n, length)).copy_(result.transpose(0, 1))
-        conv_states[index, :, :state_len] = conv_input[..., -state_len:].to(conv_states.dtype)
+        written = out[:, first : first + n * length].unflatten(1, (n, length)).transpose(0, 1)  # [B, C, T] view
+        fresh = None if has_initial_state is None else ~has_initial_state[:n].to(torch.bool)
+        step = max(1, CONV_CHUNK_ELEMENTS // (channels * (state_len + length)))
+        for lo in range(0, n, step):  # chunks of rows (CONV_CHUNK_ELEMENTS)
+            hi = min(n, lo + step)
+            index = torch.tensor(slots[lo:hi], dtype=torch.long, device=conv_states.device)
+            initial = conv_states[index, :, :state_len]  # a gathered copy, [rows, C, K - 1]
+            if fresh is None:
+                initial.zero_()
+            else:
+                initial[fresh[lo:hi]] = 0
+            conv_input = torch.cat([initial, tokens[lo:hi]], dim=-1).to(weight.dtype)  # [rows, C, K - 1 + T]
+            result = F.conv1d(conv_input, weight.unsqueeze(1), bias, padding=0, groups=channels)
+            result = result[..., -length:].to(dtype=x.dtype)  # [rows, C, T]
+            if activation is not None:
+                for row in result:  # per sequence: the original's tensor shape (docstring)
+                    F.silu(row, inplace=True)
+            written[lo:hi] = result
+            conv_states[index, :, :state_len] = conv_input[..., -state_len:].to(conv_states.dtype)
         return out.to(original_dtype)
 
     conv.__dict__[_WRAPPED_ATTR] = True

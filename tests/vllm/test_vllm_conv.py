@@ -89,6 +89,7 @@ def threads(request):
         (5, 2, 96, 3),
         (4, 33, 130, 5),
         (2, 17, 8, 2),
+        (6, 30, 4096, 4),  # 3 rows per conv call (vllm_plugin.CONV_CHUNK_ELEMENTS)
     ],
 )
 def test_batched_equals_per_sequence(threads, dtype, n, length, channels, kernel):
