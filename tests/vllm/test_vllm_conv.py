@@ -147,8 +147,6 @@ def test_layout_rule():
 def test_install_guards(monkeypatch):
     import importlib
 
-    import vllm
-
     module = importlib.import_module(vllm_plugin.CONV_MODULE)
     monkeypatch.setattr(module, "causal_conv1d_torch", ORIGINAL)
     assert vllm_plugin.install_batched_conv()
@@ -162,6 +160,12 @@ def test_install_guards(monkeypatch):
     monkeypatch.delattr(module, "causal_conv1d_torch")
     with pytest.raises(RuntimeError, match="does not have"):
         vllm_plugin.install_batched_conv()
+
+
+@pytest.mark.parametrize("install", ["install_batched_conv", "install_row_stable_linear"])
+def test_installers_refuse_another_vllm(monkeypatch, install):
+    import vllm
+
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     with pytest.raises(RuntimeError, match="0.32.0"):
-        vllm_plugin.install_batched_conv()
+        getattr(vllm_plugin, install)()
