@@ -270,14 +270,17 @@ def row_stable_linear(original: Callable) -> Callable:
     """
     import torch
 
+    kernel = torch.ops._C.weight_packed_linear  # what ``original`` calls, on an output it allocates
+
     def linear(x, packed_weight, n, bias):
         most = _FORWARD_TOKENS[0]
         rows = x.reshape(-1, x.shape[-1])
         if most is None or most > SMALL_GEMM_ROWS or rows.shape[0] <= SMALL_GEMM_ROWS:
             return original(x, packed_weight, n, bias)
-        parts = [original(rows[i : i + SMALL_GEMM_ROWS], packed_weight, n, bias)
-                 for i in range(0, rows.shape[0], SMALL_GEMM_ROWS)]  # fmt: skip
-        return torch.cat(parts).reshape(*x.shape[:-1], n)
+        out = torch.empty((rows.shape[0], n), dtype=x.dtype)
+        for i in range(0, rows.shape[0], SMALL_GEMM_ROWS):  # each call's rows write their own rows of ``out``
+            kernel(out[i : i + SMALL_GEMM_ROWS], rows[i : i + SMALL_GEMM_ROWS], packed_weight, bias, True)
+        return out.reshape(*x.shape[:-1], n)
 
     linear.__dict__[_WRAPPED_ATTR] = True
     linear.__wrapped__ = original
