@@ -288,9 +288,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
         p = engine.paging
         rec["paging"] = {"manager_block": p.manager_block, "kernel_block": p.kernel_block, "ratio": p.ratio,
                          "stride": p.row_stride, "head_major": engine.head_major}  # fmt: skip
-        for attr in ("runner_name", "model_runner_version"):  # which runner ran, where the engine says
-            if hasattr(engine, attr):
-                rec[attr] = str(getattr(engine, attr))
+        rec["model_runner"] = engine.model_runner  # which runner ran (module.class; V1 pinned)
         with _timed(rec["seconds"], "prefill", device):
             parent = engine.prefill(ids, prot=4, query_window=16)
         sig = parent.signals()
@@ -330,6 +328,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
     finally:
         engine.close()
     rec["ok"] = bool(rec["gdn_signal_shapes_ok"] and rec["keep_all_normal_identical"]
+                     and (per_head != "forced" or rec["kv_cache_layout"] == "HND")
                      and rec.get("keep_all_per_head_identical", per_head != "forced")
                      and (per_head != "forced" or rec["paging"]["head_major"])
                      and rec["first_step_vs_generate"]["top5_shared"] >= 4
@@ -462,6 +461,10 @@ def _env(device: str) -> dict:
 TORCH, VLLM = "torch", "vllm"
 
 
+#: environment variables a part's process gets on top of the check's (the HND part: a head-major KV cache layout)
+PART_ENV = {"vllm_hnd/qwen3_5": {"VLLM_KV_CACHE_LAYOUT": "HND"}}
+
+
 def part_table(args) -> list[tuple[str, str, int, object]]:
     """(name, environment, limit in seconds, what it runs) for every part, in order."""
     twin_len = args.twin_length or (16384 if args.device.startswith("cuda") else 1024)
@@ -556,7 +559,7 @@ def main() -> int:
             rec = {"ok": False, "status": "not run", "why": f"the check's {budget:.0f} s budget is spent"}
         else:
             python = args.vllm_python if env_kind == VLLM else sys.executable
-            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **PART_ENV.get(name, {}))
             if env_kind == VLLM:  # its own environment: not the torch part's packages (transformers 5.24)
                 env["PYTHONPATH"] = str(ROOT)
             cmd = [python, str(Path(__file__).resolve()), "--run-part", name, "--device", args.device,
