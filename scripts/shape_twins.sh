@@ -3,22 +3,22 @@
 #
 #   [ENGINE=torch|vllm] [THREADS=2] [CHECK_LENGTH=4096] bash scripts/shape_twins.sh [OUT] [LENGTHS] [MODELS]
 #     OUT      default results/shape-twins
-#     LENGTHS  default "4096 16384"
+#     LENGTHS  default "4096 16384" ("": the artifacts and the check only)
 #     MODELS   default "shape:Qwen/Qwen3-Next-80B-A3B-Instruct shape:Qwen/Qwen3.5-27B"
 #
-# Per model: TriAttention's calibration and a GateSight estimator made from a small synthetic corpus (the weights are
-# random, so both only give the methods something of the right shape to score with), the keep-all conformance
-# check (scripts/shape_twins.py check at CHECK_LENGTH tokens; CHECK_LENGTH=0 skips it), then `kvbench run` with
-# every method the engine offers and every allocation on one RULER niah_single_1 context per length, under
-# /usr/bin/time -v for the peak RSS, into OUT/run-ENGINE-LENGTH. THREADS (default 2): torch threads.
-# ENGINE=vllm: the artifacts are made in float32's place for bfloat16 (the vllm engine's weights, fingerprint and
-# artifacts), the runs use .venv-vllm (scripts/setup_vllm.sh) on the first THREADS cores, oracle is left out (it
-# reads W_O from a torch model) and so is the check (torch only).
+# Per model: TriAttention's calibration and a GateSight estimator made from a small synthetic corpus (once per OUT;
+# the weights are random, so both only give the methods something of the right shape to score with), the keep-all
+# conformance check (scripts/shape_twins.py check at CHECK_LENGTH tokens; CHECK_LENGTH=0 skips it), then `kvbench
+# run` with every method the engine offers and every allocation on one RULER niah_single_1 context per length,
+# under /usr/bin/time -v for the peak RSS, into OUT/run-ENGINE-LENGTH. THREADS (default 2): torch threads.
+# ENGINE=vllm: the artifacts are made for bfloat16 (the vllm engine's weights, fingerprint and artifacts), the runs
+# use .venv-vllm (scripts/setup_vllm.sh) on the first THREADS cores, oracle is left out (it reads W_O from a torch
+# model) and so is the check (torch only).
 # `python scripts/shape_twins.py table OUT` prints the per-context seconds and memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-results/shape-twins}
-LENGTHS=${2:-"4096 16384"}
+LENGTHS=${2-"4096 16384"}
 MODELS=${3:-"shape:Qwen/Qwen3-Next-80B-A3B-Instruct shape:Qwen/Qwen3.5-27B"}
 THREADS=${THREADS:-2}
 ENGINE=${ENGINE:-torch}
@@ -48,13 +48,19 @@ for M in $MODELS; do
   tag=$(echo "$M" | tr '/:@' '---')
   dtag=$tag${DTYPE[*]:+-bf16}
   echo "== $M ($ENGINE)" >&2
-  $KV calibrate triattention --model "$M" "${DTYPE[@]}" --corpus "$WORK/corpus" --max-tokens 1024
+  [ -f "$WORK/calibrated-$dtag" ] || {
+    $KV calibrate triattention --model "$M" "${DTYPE[@]}" --corpus "$WORK/corpus" --max-tokens 1024
+    touch "$WORK/calibrated-$dtag"
+  }
   [ -f "$WORK/labels-$dtag/.done" ] || {
     $KV gatesight label --model "$M" "${DTYPE[@]}" --corpus "$WORK/corpus" --out "$WORK/labels-$dtag" --limit 2 \
       --m 1 --max-new-tokens 8 --max-doc-tokens 256 --no-check --threads "$THREADS"
     touch "$WORK/labels-$dtag/.done"
   }
-  $KV gatesight train --labels "$WORK/labels-$dtag" --epochs 1 --threads "$THREADS"
+  [ -f "$WORK/trained-$dtag" ] || {
+    $KV gatesight train --labels "$WORK/labels-$dtag" --epochs 1 --threads "$THREADS"
+    touch "$WORK/trained-$dtag"
+  }
   if [ "$CHECK_LENGTH" -gt 0 ]; then
     /usr/bin/time -v -o "$OUT/time-check-$tag.txt" $PY scripts/shape_twins.py check --model "$M" \
       --length "$CHECK_LENGTH" --threads "$THREADS" --out "$OUT/check-$tag.json"
