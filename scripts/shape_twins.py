@@ -9,7 +9,7 @@ p = 0.5 forked; the five children answering together (one batched loop, as `kvbe
 memory (the process's RSS, and the GPU's on CUDA). Writes F.json and exits 1 when the conformance fails.
 
 ``table``: from the `kvbench run` rows (prefill_s, score_s, fork_s, answer_s per row) in OUT/run-ENGINE-LENGTH and
-the /usr/bin/time files, per engine, model and length: the context's prefill seconds, each method's scoring
+the /usr/bin/time files, per engine, model and length: the context's tokens and prefill seconds, each method's scoring
 seconds and scoring / prefill, the median fork and answer seconds, and the run's peak RSS.
 """
 
@@ -125,7 +125,8 @@ def table(out: Path) -> list[dict]:
             for method in sorted({r["method"] for r in mine}):
                 rs = [r for r in mine if r["method"] == method]
                 score = statistics.median(r["score_s"] for r in rs)
-                lines.append({"engine": engine, "model": model, "length": int(length), "method": method,
+                lines.append({"engine": engine, "model": model, "length": int(length),
+                              "n_context": statistics.median(r["n_context"] for r in rs), "method": method,
                               "prefill_s": round(prefill, 2), "score_s": round(score, 3),
                               "score_over_prefill": round(score / prefill, 4),
                               "fork_s": round(statistics.median(r["fork_s"] for r in rs), 3),
@@ -150,8 +151,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.cmd == "table":
         lines = table(args.out)
-        head = ("engine", "model", "length", "method", "prefill_s", "score_s", "score_over_prefill", "fork_s",
-                "answer_s", "rows", "peak_rss_mib")  # fmt: skip
+        head = ("engine", "model", "length", "n_context", "method", "prefill_s", "score_s", "score_over_prefill",
+                "fork_s", "answer_s", "rows", "peak_rss_mib")  # fmt: skip
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for line in lines:

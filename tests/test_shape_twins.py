@@ -116,7 +116,7 @@ def test_the_table_reads_each_engine_and_length_with_its_peak_memory(tmp_path):
 
     def row(method, score, fork, answer):
         return {"model": model, "method": method, "prefill_s": 10.0, "score_s": score, "fork_s": fork,
-                "answer_s": answer}  # fmt: skip
+                "answer_s": answer, "n_context": 3907}  # fmt: skip
 
     for engine, rows in {"torch": [row("kvzip", 20.0, 0.1, 3.0), row("kvzip", 24.0, 0.3, 5.0),
                                    row("kvzip", 22.0, 0.2, 4.0), row("snapkv", 0.05, 0.1, 3.0)],
@@ -131,5 +131,5 @@ def test_the_table_reads_each_engine_and_length_with_its_peak_memory(tmp_path):
     kvzip = lines["torch", "kvzip"]
     got = tuple(kvzip[k] for k in ("length", "rows", "score_s", "fork_s", "answer_s"))
     assert got == (4096, 3, 22.0, 0.2, 4.0)
-    assert kvzip["score_over_prefill"] == 2.2 and kvzip["peak_rss_mib"] == 2048.0
+    assert kvzip["score_over_prefill"] == 2.2 and kvzip["peak_rss_mib"] == 2048.0 and kvzip["n_context"] == 3907
     assert lines["vllm", "snapkv"]["peak_rss_mib"] is None and lines["vllm", "snapkv"]["score_s"] == 0.5
