@@ -126,7 +126,7 @@ def table(out: Path) -> list[dict]:
                 rs = [r for r in mine if r["method"] == method]
                 score = statistics.median(r["score_s"] for r in rs)
                 lines.append({"engine": engine, "model": model, "length": int(length),
-                              "n_context": statistics.median(r["n_context"] for r in rs), "method": method,
+                              "n_context": int(statistics.median(r["n_context"] for r in rs)), "method": method,
                               "prefill_s": round(prefill, 2), "score_s": round(score, 3),
                               "score_over_prefill": round(score / prefill, 4),
                               "fork_s": round(statistics.median(r["fork_s"] for r in rs), 3),
