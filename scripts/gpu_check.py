@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -56,7 +57,8 @@ WHEELS = ROOT / "scripts" / "gpu_check_wheels"  # fetched (git-ignored), carried
 #: the pure-Python fast-kernel wheels the fast_kernels part installs on CUDA (Triton comes with the CUDA torch)
 FLA_WHEELS = ("fla-core==0.6.0", "flash-linear-attention==0.6.0", "einops==0.8.2")
 TWINS = ("shape:Qwen/Qwen3-Next-80B-A3B-Instruct", "shape:Qwen/Qwen3.5-27B")
-RAISE_ENV = "KVBENCH_GPU_CHECK_RAISE"  # a part name: that part raises at its start (tests/test_gpu_check.py)
+RAISE_ENV = "KVBENCH_GPU_CHECK_RAISE"  # a part name: that part raises at its start (tests/test_gpu_check_parts.py)
+HANG_ENV = "KVBENCH_GPU_CHECK_HANG"  # a part name: that part starts a child (its pid in OUT/hang.pid) and hangs
 
 
 def _sync(device: str) -> None:
@@ -208,19 +210,20 @@ def check_torch_engine(model: str, device: str, limit: int) -> dict:
     return result
 
 
-def _kvbench(args: list[str], log: Path) -> tuple[int, float]:
+def _kvbench(args: list[str], log: Path, timeout: float) -> tuple[int, float]:
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         try:
             rc = subprocess.call([sys.executable, "-P", "-c", "from kvbench.cli import main; main()", *args],
-                                 stdout=fh, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)  # fmt: skip
+                                 stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
         except subprocess.TimeoutExpired:
             rc = "timeout"
     return rc, round(time.perf_counter() - t0, 1)
 
 
-def check_kvbench_run(device: str, out: Path) -> dict:
-    """``kvbench run`` end to end on both models, on ``device`` and on the CPU; rows compared by identity."""
+def check_kvbench_run(device: str, out: Path, scale: float) -> dict:
+    """``kvbench run`` end to end on both models, on ``device`` and on the CPU; rows compared by identity. Each
+    run's limit: ``RUN_TIMEOUT_S`` times ``scale`` (the check's ``--limit-scale``)."""
     import msgspec
 
     grid = ["--model", ",".join(FAMILIES), "--method", ",".join(METHODS), "--p", "0.5,0.1", "--dtype", "float32"]
@@ -234,7 +237,7 @@ def check_kvbench_run(device: str, out: Path) -> dict:
         for bench, extra in runs.items():
             d = out / f"run-{dev.replace(':', '')}"
             log = out / f"run-{dev}-{bench}.log"
-            rc, secs = _kvbench(["run", *grid, *extra, "--device", dev, "--out", str(d)], log)
+            rc, secs = _kvbench(["run", *grid, *extra, "--device", dev, "--out", str(d)], log, RUN_TIMEOUT_S * scale)
             result["runs"][f"{dev}/{bench}"] = {"rc": rc, "seconds": secs}
         path = out / f"run-{dev.replace(':', '')}" / "results.jsonl"
         rows[dev] = [msgspec.json.decode(line) for line in path.read_bytes().splitlines()] if path.exists() else []
@@ -288,9 +291,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
         p = engine.paging
         rec["paging"] = {"manager_block": p.manager_block, "kernel_block": p.kernel_block, "ratio": p.ratio,
                          "stride": p.row_stride, "head_major": engine.head_major}  # fmt: skip
-        for attr in ("runner_name", "model_runner_version"):  # which runner ran, where the engine says
-            if hasattr(engine, attr):
-                rec[attr] = str(getattr(engine, attr))
+        rec["model_runner"] = engine.model_runner  # which runner ran (module.class; V1 pinned)
         with _timed(rec["seconds"], "prefill", device):
             parent = engine.prefill(ids, prot=4, query_window=16)
         sig = parent.signals()
@@ -330,6 +331,7 @@ def _vllm_family(family: str, device: str, out: Path, per_head: str) -> dict:
     finally:
         engine.close()
     rec["ok"] = bool(rec["gdn_signal_shapes_ok"] and rec["keep_all_normal_identical"]
+                     and (per_head != "forced" or rec["kv_cache_layout"] == "HND")
                      and rec.get("keep_all_per_head_identical", per_head != "forced")
                      and (per_head != "forced" or rec["paging"]["head_major"])
                      and rec["first_step_vs_generate"]["top5_shared"] >= 4
@@ -462,13 +464,24 @@ def _env(device: str) -> dict:
 TORCH, VLLM = "torch", "vllm"
 
 
+#: environment variables a part's process gets on top of the check's (the HND part: a head-major KV cache layout)
+PART_ENV = {"vllm_hnd/qwen3_5": {"VLLM_KV_CACHE_LAYOUT": "HND"}}
+
+
+def limit_scale(args) -> float:
+    """What every part's limit is multiplied by: ``--limit-scale``, else 1 on CUDA and 4 on a CPU dry run."""
+    return args.limit_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+
+
 def part_table(args) -> list[tuple[str, str, int, object]]:
     """(name, environment, limit in seconds, what it runs) for every part, in order."""
     twin_len = args.twin_length or (16384 if args.device.startswith("cuda") else 1024)
     table = [(f"torch_engine/{m}", TORCH, 240, lambda m=m: check_torch_engine(m, args.device, args.items))
              for m in FAMILIES]  # fmt: skip
     table.append(("fast_kernels", TORCH, 300, lambda: check_fast_kernels(args.device, args.out)))
-    table.append(("kvbench_run", TORCH, 2 * RUN_TIMEOUT_S + 30, lambda: check_kvbench_run(args.device, args.out)))
+    scale = limit_scale(args)
+    table.append(("kvbench_run", TORCH, 2 * RUN_TIMEOUT_S + 30,
+                  lambda: check_kvbench_run(args.device, args.out, scale)))  # fmt: skip
     for m in TWINS:
         table.append(
             (
@@ -482,6 +495,20 @@ def part_table(args) -> list[tuple[str, str, int, object]]:
         table.append((f"vllm/{fam}", VLLM, 300, lambda f=fam: _vllm_family(f, args.device, args.out, "if-head-major")))
     table.append(("vllm_hnd/qwen3_5", VLLM, 300, lambda: _vllm_family("qwen3_5", args.device, args.out, "forced")))
     return table
+
+
+def _run_group(cmd: list[str], log, env: dict, timeout: float) -> int | str:
+    """Run a part's process in a process group of its own; past ``timeout`` seconds the whole group is killed (a
+    part's own children too, e.g. `kvbench run` or shape_twins.py, which would otherwise outlive it and hold the
+    memory the next part needs). Returns the exit status, or ``"timeout"``."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "timeout"
 
 
 def _record_file(out: Path, name: str) -> Path:
@@ -502,6 +529,10 @@ def run_part(args) -> int:
     try:
         if os.environ.get(RAISE_ENV) == args.run_part:
             raise RuntimeError(f"{args.run_part} made to raise ({RAISE_ENV})")
+        if os.environ.get(HANG_ENV) == args.run_part:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            (args.out / "hang.pid").write_text(str(child.pid))
+            time.sleep(600)
         rec = fn()
     except Exception:  # noqa: BLE001 - recorded; the parent still gathers the other parts
         rec = {"ok": False, "error": traceback.format_exc(limit=12)}
@@ -543,7 +574,7 @@ def main() -> int:
         verdict["seconds"] = round(time.perf_counter() - t_all, 1)
         _write_json(args.out / "gpu_check.json", verdict)
 
-    scale = args.limit_scale or (1.0 if args.device.startswith("cuda") else 4.0)
+    scale = limit_scale(args)
     for name, env_kind, limit, _ in table:
         limit = limit * scale
         left = budget - (time.perf_counter() - t_all) if budget else limit
@@ -556,22 +587,20 @@ def main() -> int:
             rec = {"ok": False, "status": "not run", "why": f"the check's {budget:.0f} s budget is spent"}
         else:
             python = args.vllm_python if env_kind == VLLM else sys.executable
-            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **PART_ENV.get(name, {}))
             if env_kind == VLLM:  # its own environment: not the torch part's packages (transformers 5.24)
                 env["PYTHONPATH"] = str(ROOT)
             cmd = [python, str(Path(__file__).resolve()), "--run-part", name, "--device", args.device,
                    "--out", str(args.out), "--items", str(args.items)]  # fmt: skip
             if args.twin_length:
                 cmd += ["--twin-length", str(args.twin_length)]
+            if args.limit_scale:
+                cmd += ["--limit-scale", str(args.limit_scale)]
             log = args.out / "parts" / (name.replace("/", "__") + ".log")
             log.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             with open(log, "w") as fh:
-                try:
-                    done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=min(limit, left))
-                    rc = done.returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
+                rc = _run_group(cmd, fh, env, min(limit, left))
             if record.is_file():
                 rec = json.loads(record.read_text())
             else:

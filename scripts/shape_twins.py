@@ -4,13 +4,13 @@
     python scripts/shape_twins.py table OUT      (OUT: the directory scripts/shape_twins.sh wrote)
 
 ``check``: one RULER niah_single_1 context prefilled once; the keep-all conformance (a child keeping every entry
-answers token for token, logits equal, as its parent); every scored method's scoring seconds, its child at
-p = 0.5 forked and answering; the peak memory (the process's RSS, and the GPU's on CUDA). Writes F.json and exits
-1 when the conformance fails.
+answers token for token, logits equal, as its parent); every scored method's scoring seconds and its child at
+p = 0.5 forked; the five children answering together (one batched loop, as `kvbench run` answers them); the peak
+memory (the process's RSS, and the GPU's on CUDA). Writes F.json and exits 1 when the conformance fails.
 
-``table``: from the `kvbench run` rows (prefill_s, score_s, fork_s, answer_s per row) and the /usr/bin/time files,
-per model and length: the context's prefill seconds, each method's scoring seconds and scoring / prefill, the
-median fork and answer seconds, and the run's peak RSS.
+``table``: from the `kvbench run` rows (prefill_s, score_s, fork_s, answer_s per row) in OUT/run-ENGINE-LENGTH and
+the /usr/bin/time files, per engine, model and length: the context's tokens and prefill seconds, each method's scoring
+seconds and scoring / prefill, the median fork and answer seconds, and the run's peak RSS.
 """
 
 from __future__ import annotations
@@ -81,11 +81,17 @@ def check(model: str, length: int, device: str, dtype: str | None) -> dict:
         rec["keep_all_logits_equal"] = bool(torch.equal(got.step_logits, want.step_logits))
         rec["keep_all_real_fork"] = bool(child.stats.real_fork)
         child.release()
+        kids = []
         for name, method in methods.items():
             scores, sec[f"score_{name}"] = _timed(device, lambda m=method: m.score(parent))
             kept = method.select(parent, scores, 0.5, method.default_allocation)
             kid, sec[f"fork_{name}"] = _timed(device, lambda k=kept: parent.fork(k))
-            _, sec[f"answer_{name}"] = _timed(device, lambda k=kid: k.answer(question, **ask))
+            kids.append(kid)
+        # the scored children answer together, as `kvbench run` answers them (one batched greedy loop)
+        _, sec["answer_children_batched"] = _timed(
+            device, lambda: parent.answer_children(kids, question, max_new_tokens=new, context_sha256=parent.sha256)
+        )
+        for kid in kids:
             kid.release()
         parent.release()
     finally:
@@ -106,10 +112,11 @@ def _peak_rss_mib(time_file: Path) -> float | None:
 
 
 def table(out: Path) -> list[dict]:
-    """One line per (model, length, method): the rows' seconds (see the module docstring)."""
+    """One line per (engine, model, length, method): the rows' seconds (see the module docstring), from the
+    ``run-ENGINE-LENGTH`` directories scripts/shape_twins.sh writes."""
     lines = []
     for results in sorted(out.glob("run-*/results.jsonl")):
-        length = int(results.parent.name.split("-", 1)[1])
+        engine, length = results.parent.name.split("-")[1:3]
         rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
         for model in sorted({r["model"] for r in rows}):
             mine = [r for r in rows if r["model"] == model]
@@ -118,11 +125,13 @@ def table(out: Path) -> list[dict]:
             for method in sorted({r["method"] for r in mine}):
                 rs = [r for r in mine if r["method"] == method]
                 score = statistics.median(r["score_s"] for r in rs)
-                lines.append({"model": model, "length": length, "method": method, "prefill_s": round(prefill, 2),
-                              "score_s": round(score, 3), "score_over_prefill": round(score / prefill, 4),
+                lines.append({"engine": engine, "model": model, "length": int(length),
+                              "n_context": int(statistics.median(r["n_context"] for r in rs)), "method": method,
+                              "prefill_s": round(prefill, 2), "score_s": round(score, 3),
+                              "score_over_prefill": round(score / prefill, 4),
                               "fork_s": round(statistics.median(r["fork_s"] for r in rs), 3),
                               "answer_s": round(statistics.median(r["answer_s"] for r in rs), 2),
-                              "rows": len(rs), "peak_rss_mib": _peak_rss_mib(out / f"time-{tag}-{length}.txt"),
+                              "rows": len(rs), "peak_rss_mib": _peak_rss_mib(out / f"time-{engine}-{tag}-{length}.txt"),
                               })  # fmt: skip
     return lines
 
@@ -142,8 +151,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.cmd == "table":
         lines = table(args.out)
-        head = ("model", "length", "method", "prefill_s", "score_s", "score_over_prefill", "fork_s", "answer_s",
-                "rows", "peak_rss_mib")  # fmt: skip
+        head = ("engine", "model", "length", "n_context", "method", "prefill_s", "score_s", "score_over_prefill",
+                "fork_s", "answer_s", "rows", "peak_rss_mib")  # fmt: skip
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for line in lines:

@@ -32,6 +32,21 @@ def test_a_raising_part_keeps_the_other_records_and_fails_the_verdict(tmp_path):
     assert (tmp_path / "check" / "parts" / "fast_kernels.json").is_file()
 
 
+def test_a_hanging_part_is_killed_with_its_children_and_the_next_part_runs(tmp_path):
+    """Past its limit a part's whole process group is killed (a part's own child would otherwise outlive it and
+    hold the memory the next part needs); the part is recorded as timed out and the verdict fails."""
+    rc, verdict = _check(tmp_path, "--parts", "fast_kernels,vllm", "--limit-scale", "0.1",
+                         "--vllm-python", str(tmp_path / "no-python"),
+                         env={"KVBENCH_GPU_CHECK_HANG": "fast_kernels"})  # fmt: skip
+    assert rc == 1 and verdict["ok"] is False
+    fast = verdict["parts"]["fast_kernels"]  # limit 300 s x 0.1 (a part with under 20 s left is not started)
+    assert fast["ok"] is False and fast["status"] == "timed out after 30 s"
+    pid = int((tmp_path / "check" / "hang.pid").read_text())
+    alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert not alive, "the hanging part's child outlived it"
+    assert all(p["status"] == "not run" for n, p in verdict["parts"].items() if n.startswith("vllm"))
+
+
 def test_a_vllm_part_that_cannot_run_fails_unless_allowed(tmp_path):
     rc, verdict = _check(tmp_path, "--parts", "vllm", "--vllm-python", str(tmp_path / "no-python"))
     assert rc == 1 and verdict["ok"] is False

