@@ -159,6 +159,7 @@ def batched_causal_conv1d(original: Callable) -> Callable:
         cache_indices=None,
         has_initial_state=None,
         activation="silu",
+        *,  # vLLM 0.32's callers pass at most seven positionally (gdn_attention.py, short_conv.py)
         pad_slot_id=PAD_SLOT_ID,
         **kwargs,
     ):
