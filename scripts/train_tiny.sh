@@ -247,8 +247,8 @@ if [ "${CANDIDATES:-0}" = 1 ]; then
   AFTER10="$OUT/stage10r/final"
   [ "$ARCH" = qwen3_5 ] && AFTER10="$OUT/stage10p/final"
   # 11p (session of 2026-12-07, second): the first 11a run showed no learning of prefix_suffix or vt by step 350
-  # (both at noise), so copying comes first, as kv's quoted-pair rows came before kv at full length: short rows
-  # (384-512 tokens; vt_short needs 384) that are mostly prefix_suffix with 0-2 distractors and short vt chains, 1,000 steps.
+  # (both at noise), so copying comes first, as kv's quoted-pair rows came before kv at full length: 1,000 steps of
+  # short rows (384-512 tokens; vt_short needs 384), mostly prefix_suffix with 0-2 distractors and short vt chains.
   stage stage11p --init "$AFTER10" --seed 53 --steps 1000 --lr 1e-3 \
     --curriculum 384@0,512@0.6 --save-every 25 --eval-limit 0 \
     --mix scbench_ps_short=0.45,scbench_vt_short=0.2,scbench_kv8_short_say=0.08,scbench_mf=0.08,lookup=0.07,chains=0.06,niah_single_1=0.03,vt=0.03

@@ -528,41 +528,47 @@ def test_trimming_trailing_padding_leaves_loss_and_gradients_unchanged(one_threa
     assert all(torch.allclose(g, h, atol=1e-6) for g, h in zip(grads[0][2], grads[1][2], strict=True))
 
 
-@pytest.mark.parametrize("flag, expected", [((), False), (("--autocast",), True)])
-def test_train_tiny_autocast_flag_reaches_the_run_arguments(tmp_path, monkeypatch, flag, expected):
-    """`--autocast` is stored in the run's TrainArgs (so a resume or a reused final/ compares it), off by default."""
+def _train_tiny_up_to_training(monkeypatch, argv: list[str]):
+    """``kvbench train-tiny ARGV`` run through its checks and stopped where it would train: ``(result, the
+    TrainArgs handed to train(), or None when the checks refused first)``."""
     from typer.testing import CliRunner
 
     from kvbench_training.cli import app
 
     seen = {}
 
-    def fake_train(out, args, options):
+    def stop_at_training(out, args, options):
         seen["args"] = args
-        raise SystemExit(0)  # stop before export / evaluation
+        raise SystemExit(0)  # before any training, export or evaluation
 
-    monkeypatch.setattr(T, "train", fake_train)
-    result = CliRunner().invoke(app, ["--out", str(tmp_path / "run"), "--steps", "2", "--eval-limit", "0", *flag])
+    monkeypatch.setattr(T, "train", stop_at_training)
+    result = CliRunner().invoke(app, argv)
+    return result, seen.get("args")
+
+
+@pytest.mark.parametrize("flag, expected", [((), False), (("--autocast",), True)])
+def test_train_tiny_autocast_flag_reaches_the_run_arguments(tmp_path, monkeypatch, flag, expected):
+    """`--autocast` reaches the run's TrainArgs (which the training step reads and training_args.json records), off
+    by default."""
+    argv = ["--out", str(tmp_path / "run"), "--steps", "2", "--eval-limit", "0", *flag]
+    result, args = _train_tiny_up_to_training(monkeypatch, argv)
     assert result.exit_code == 0, result.output
-    assert seen["args"].autocast is expected
+    assert args.autocast is expected
 
 
 def test_a_finished_stage_needs_no_init_on_this_machine(tmp_path, monkeypatch):
     """train_tiny.sh hands a finished stage to train-tiny (so its export runs); its --init, the stage before, may be
     gone on a fresh machine: the missing --init is refused only when the stage has not finished."""
-    from typer.testing import CliRunner
-
-    from kvbench_training.cli import app
-
-    monkeypatch.setattr(T, "train", lambda out, args, options: (_ for _ in ()).throw(SystemExit(0)))
     out, gone = tmp_path / "stage2", tmp_path / "stage1" / "final"
     argv = ["--out", str(out), "--init", str(gone), "--steps", "2", "--eval-limit", "0"]
-    refused = CliRunner().invoke(app, argv)
+    refused, args = _train_tiny_up_to_training(monkeypatch, argv)
     assert refused.exit_code != 0 and "no trained model there" in str(refused.exception or refused.output)
+    assert args is None
     (out / "final").mkdir(parents=True)
     (out / "final" / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     (out / "final" / "training_args.json").write_text("{}")
-    assert CliRunner().invoke(app, argv).exit_code == 0
+    result, args = _train_tiny_up_to_training(monkeypatch, argv)
+    assert result.exit_code == 0 and args is not None
 
 
 def test_autocast_is_a_run_option_not_part_of_the_run():

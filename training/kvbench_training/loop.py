@@ -271,8 +271,8 @@ def _comparable_args(args: dict) -> dict:
     """A run's stored arguments (``trainer_state.pt`` or ``training_args.json``) in the form two runs compare
     by: ``save_every``, the carried ``previous`` stage and ``autocast`` left out (like the thread count, bf16
     autocast changes rounding, not the run: each log entry of a step taken under it says ``"bf16": true``),
-    ``arch`` defaulted to ``qwen3_next`` (runs
-    before it existed), and a JSON round trip so a ``training_args.json`` compares equal to live arguments."""
+    ``arch`` defaulted to ``qwen3_next`` (runs before it existed), and a JSON round trip so a
+    ``training_args.json`` compares equal to live arguments."""
     args = {"arch": "qwen3_next", **json.loads(json.dumps(args))}
     return {k: v for k, v in args.items() if k not in ("save_every", "previous", "autocast")}
 
