@@ -48,6 +48,19 @@ def test_rows_and_slots_match_the_token_layout(paging):
             assert got.dtype == torch.int64 and got.tolist() == slots[start : start + count]
 
 
+@pytest.mark.parametrize("paging", CASES, ids=lambda p: f"{p.manager_block}/{p.kernel_block}/s{p.stride}")
+def test_slots_of_a_batch_concatenate_each_sequences_layout(paging):
+    tables = [[7, 2, 11, 0], [5], [3, 9]]
+    layouts = [_layout(paging, t)[1] for t in tables]
+    # a decoding step (every count at most FEW_SLOTS: one tensor from Python ints) and a question block
+    for spans in ([(tables[0], 40, 1), (tables[1], 0, FEW_SLOTS), (tables[2], 17, 2)],
+                  [(tables[0], 5, 30), (tables[1], 3, 1), (tables[2], 0, paging.manager_block)]):  # fmt: skip
+        pairs = zip(spans, layouts, strict=True)
+        want = [slot for (_, start, count), lay in pairs for slot in lay[start : start + count]]
+        got = paging.slots_many(spans)
+        assert got.dtype == torch.int64 and got.tolist() == want
+
+
 def test_ratio_one_is_the_identity_on_block_ids():
     paging = KernelPaging(16, 16)
     assert paging.rows([3, 9]) == [3, 9]

@@ -56,15 +56,27 @@ class KernelPaging:
         """Slot ids ``[count]`` (int64; ``row * kernel_block + offset``) of a sequence's token positions
         ``start … start + count - 1`` when its manager block table is ``block_ids``."""
         if count <= FEW_SLOTS:  # a decoding step's one token: Python ints, one tensor (the same values)
-            m, k, s = self.manager_block, self.kernel_block, self.row_stride
-            few = [(block_ids[p // m] * s + p % m // k) * k + p % m % k for p in range(start, start + count)]
-            return torch.tensor(few, dtype=torch.int64, device=device)
+            return torch.tensor(self._few_slots(block_ids, start, count), dtype=torch.int64, device=device)
         pos = torch.arange(start, start + count, device=device)
         table = torch.tensor(list(block_ids), dtype=torch.int64, device=device)
         block = table[pos // self.manager_block]
         offset = pos % self.manager_block
         row = block * self.row_stride + offset // self.kernel_block
         return row * self.kernel_block + offset % self.kernel_block
+
+    def _few_slots(self, block_ids: Sequence[int], start: int, count: int) -> list[int]:
+        """:meth:`slots` as Python ints (what it computes for up to :data:`FEW_SLOTS` positions)."""
+        m, k, s = self.manager_block, self.kernel_block, self.row_stride
+        return [(block_ids[p // m] * s + p % m // k) * k + p % m % k for p in range(start, start + count)]
+
+    def slots_many(self, spans: Sequence[tuple[Sequence[int], int, int]], device=None) -> torch.Tensor:
+        """The :meth:`slots` of several sequences concatenated (int64 ``[sum of counts]``): ``spans`` holds each
+        sequence's ``(block_ids, start, count)``. A decoding step of a batch (every count at most
+        :data:`FEW_SLOTS`) is one tensor built from Python ints instead of one small tensor per sequence."""
+        if all(count <= FEW_SLOTS for _, _, count in spans):
+            ids = [slot for b, start, count in spans for slot in self._few_slots(b, start, count)]
+            return torch.tensor(ids, dtype=torch.int64, device=device)
+        return torch.cat([self.slots(b, start, count, device=device) for b, start, count in spans])
 
     def blocks_for(self, tokens: int) -> int:
         """Manager blocks that hold ``tokens`` entries of one sequence."""

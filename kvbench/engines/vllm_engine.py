@@ -729,9 +729,8 @@ class VllmEngine(EngineBase):
         dev, B = self.device, len(query_lens)
         qsl = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
         seq = torch.tensor(list(seq_lens), dtype=torch.int32)
-        table = torch.zeros((B, max(1, max(len(t) for t in block_tables))), dtype=torch.int32)
-        for i, ids in enumerate(block_tables):
-            table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        width = max(1, max(len(t) for t in block_tables))
+        table = torch.tensor([[*ids, *[0] * (width - len(ids))] for ids in block_tables], dtype=torch.int32)
         fresh = [s == q for s, q in zip(seq_lens, query_lens, strict=True)]
         cm = CommonAttentionMetadata(
             query_start_loc=qsl.to(dev),
@@ -780,7 +779,7 @@ class VllmEngine(EngineBase):
         lens = [len(s.token_ids) for s in seqs]
         tables = [s.tables[f] for s in seqs]
         if not any(isinstance(t, _HeadTables) for t in tables):
-            slots = torch.cat([self._slots(b, c, T) for (b, c), T in zip(tables, lens, strict=True)])
+            slots = self.paging.slots_many([(b, c, T) for (b, c), T in zip(tables, lens, strict=True)], self.device)
             return self._metadata(gid, lens, [c + T for (_, c), T in zip(tables, lens, strict=True)],
                                   [self.paging.rows(b) for b, _ in tables], slots, positions), slots  # fmt: skip
         heads = [self._head_view(t) for t in tables]
@@ -788,7 +787,7 @@ class VllmEngine(EngineBase):
         for h in range(self.n_kv_heads):
             pages = [t.pages[h] for t in heads]
             cached = [t.counts[h] for t in heads]
-            slots = torch.cat([self._page_slots(p, c, T) for p, c, T in zip(pages, cached, lens, strict=True)])
+            slots = self.head_paging.slots_many(list(zip(pages, cached, lens, strict=True)), self.device)
             per_head.metadata.append(self._metadata(gid, lens, [c + T for c, T in zip(cached, lens, strict=True)],
                                                     pages, slots, positions, one_head=True))  # fmt: skip
             per_head.slots.append(slots)

@@ -278,7 +278,7 @@ def row_stable_linear(original: Callable) -> Callable:
     """
     import torch
 
-    kernel = torch.ops._C.weight_packed_linear  # what ``original`` calls, on an output it allocates
+    kernel = torch.ops._C.weight_packed_linear.default  # what ``original`` calls, on an output it allocates
 
     def linear(x, packed_weight, n, bias):
         most = _FORWARD_TOKENS[0]
@@ -286,8 +286,9 @@ def row_stable_linear(original: Callable) -> Callable:
         if most is None or most > SMALL_GEMM_ROWS or rows.shape[0] <= SMALL_GEMM_ROWS:
             return original(x, packed_weight, n, bias)
         out = torch.empty((rows.shape[0], n), dtype=x.dtype)
-        for i in range(0, rows.shape[0], SMALL_GEMM_ROWS):  # each call's rows write their own rows of ``out``
-            kernel(out[i : i + SMALL_GEMM_ROWS], rows[i : i + SMALL_GEMM_ROWS], packed_weight, bias, True)
+        # each call's rows write their own rows of ``out`` (the views made in one call each)
+        for out_rows, in_rows in zip(out.split(SMALL_GEMM_ROWS), rows.split(SMALL_GEMM_ROWS), strict=True):
+            kernel(out_rows, in_rows, packed_weight, bias, True)
         return out.reshape(*x.shape[:-1], n)
 
     linear.__dict__[_WRAPPED_ATTR] = True
